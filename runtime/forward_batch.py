@@ -1,0 +1,66 @@
+"""ForwardBatch: the immutable view of one step that the scheduler hands the model runner.
+
+Scheduler (Batch of Reqs) -> ForwardBatch (tensors) -> ModelRunner.forward -> logits [K, vocab] float32
+for the positions in `logits_indices` (each request's last new token, plus prompt-logprob positions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    """B requests, T new tokens. Invariant: seq_lens[b] == prefix_lens[b] + extend_lens[b]; T == sum(extend_lens).
+
+    Request b's new tokens are input_ids[start_b : start_b + extend_lens[b]] at positions
+    prefix_lens[b] .. seq_lens[b]-1; their K/V go to out_cache_loc (the scheduler already wrote these slots
+    into req_to_token[req_pool_indices[b], prefix_lens[b]:seq_lens[b]]).
+    """
+
+    is_decode: bool
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    out_cache_loc: torch.Tensor  # [T] int64
+    req_pool_indices: torch.Tensor  # [B] int64
+    seq_lens: tuple[int, ...]
+    prefix_lens: tuple[int, ...]
+    extend_lens: tuple[int, ...]
+    logits_indices: torch.Tensor  # [K] int64 indices into the T new tokens
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens)
+
+    @staticmethod
+    def build(
+        input_ids: list[list[int]],
+        prefix_lens: list[int],
+        out_cache_loc: torch.Tensor,
+        req_pool_indices: list[int],
+        is_decode: bool,
+        logits_indices: list[int] | None = None,
+    ) -> ForwardBatch:
+        """From per-request new token lists. Default logits_indices: the last new token of each request."""
+        extend = [len(x) for x in input_ids]
+        flat = [t for ids in input_ids for t in ids]
+        pos = [p for plen, e in zip(prefix_lens, extend, strict=True) for p in range(plen, plen + e)]
+        if logits_indices is None:
+            ends, acc = [], 0
+            for e in extend:
+                acc += e
+                ends.append(acc - 1)
+            logits_indices = ends
+        return ForwardBatch(
+            is_decode=is_decode,
+            input_ids=torch.tensor(flat, dtype=torch.int64),
+            positions=torch.tensor(pos, dtype=torch.int64),
+            out_cache_loc=out_cache_loc.to(torch.int64),
+            req_pool_indices=torch.tensor(req_pool_indices, dtype=torch.int64),
+            seq_lens=tuple(p + e for p, e in zip(prefix_lens, extend, strict=True)),
+            prefix_lens=tuple(prefix_lens),
+            extend_lens=tuple(extend),
+            logits_indices=torch.tensor(logits_indices, dtype=torch.int64),
+        )

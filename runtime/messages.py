@@ -1,0 +1,134 @@
+"""Typed messages at every process boundary (DESIGN.md section 1).
+
+server/TokenizerManager --ToScheduler--> scheduler --ToDetokenizer--> detokenizer --ToTokenizer--> server
+Every message is a msgspec Struct with a tag; each channel carries a tagged union, msgpack-encoded.
+No pickle anywhere. `Codec(union)` encodes/decodes one channel's messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+from runtime.sampling_params import SamplingParams
+
+
+class Msg(msgspec.Struct, tag=True, kw_only=True):
+    """Base of every message; the tag is the class name."""
+
+
+# ---------------------------------------------------------------- server -> scheduler
+class TokenizedGenerateReq(Msg):
+    rid: str
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # -1: no prompt logprobs; k: prompt positions k.. get logprobs
+    top_logprobs_num: int = 0
+    stream: bool = False
+    input_text: str | None = None
+
+
+class AbortReq(Msg):
+    rid: str | None = None  # prefix match: "abc" aborts "abc" and "abc_1" ...
+    abort_all: bool = False
+    message: str = "aborted by client"
+
+
+class FlushCacheReq(Msg):
+    pass
+
+
+class GetInternalStateReq(Msg):
+    pass
+
+
+class ShutdownReq(Msg):
+    pass
+
+
+# ---------------------------------------------------------------- scheduler -> detokenizer
+class ReqTokenOut(Msg):
+    """One request's progress this step. `new_ids` are tokens since the last output for this rid."""
+
+    rid: str
+    new_ids: list[int]
+    finish_reason: dict[str, Any] | None = None  # {"type": "length"|"stop"|"abort", ...}; None while running
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    num_retractions: int = 0
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    stop_trim: str | None = None  # matched stop string to cut from the text tail
+    # logprobs, aligned with new_ids: (logprob, token id) and per position a top-k list
+    output_logprobs: list[tuple[float, int]] | None = None
+    output_top_logprobs: list[list[tuple[float, int]]] | None = None
+    # prompt logprobs, sent once with the first output: first entry's logprob is None
+    input_logprobs: list[tuple[float | None, int]] | None = None
+    input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+
+
+class BatchTokenOut(Msg):
+    outs: list[ReqTokenOut]
+
+
+# ---------------------------------------------------------------- detokenizer -> server
+class ReqTextOut(Msg):
+    """`text_delta` is new text since the last output for this rid (never a broken UTF-8 sequence)."""
+
+    rid: str
+    text_delta: str
+    new_ids: list[int]
+    finish_reason: dict[str, Any] | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    num_retractions: int = 0
+    output_logprobs: list[tuple[float, int]] | None = None
+    output_top_logprobs: list[list[tuple[float, int]]] | None = None
+    input_logprobs: list[tuple[float | None, int]] | None = None
+    input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+
+
+class BatchTextOut(Msg):
+    outs: list[ReqTextOut]
+
+
+class FlushCacheOut(Msg):
+    success: bool
+    message: str = ""
+
+
+class InternalStateOut(Msg):
+    state: dict[str, Any]
+
+
+class ReadyMsg(Msg):
+    """A child reports it is ready (or failed to start) to its parent."""
+
+    name: str
+    ok: bool
+    info: dict[str, Any] = {}
+    error: str = ""
+
+
+ToScheduler = Union[TokenizedGenerateReq, AbortReq, FlushCacheReq, GetInternalStateReq, ShutdownReq]  # noqa: UP007
+ToDetokenizer = Union[BatchTokenOut, FlushCacheOut, InternalStateOut, ShutdownReq]  # noqa: UP007
+ToTokenizer = Union[BatchTextOut, FlushCacheOut, InternalStateOut, ReadyMsg]  # noqa: UP007
+
+
+class Codec:
+    """msgpack encoder/decoder for one channel's tagged union."""
+
+    def __init__(self, union: Any) -> None:
+        self._enc = msgspec.msgpack.Encoder()
+        self._dec = msgspec.msgpack.Decoder(union)
+
+    def encode(self, msg: Msg) -> bytes:
+        return self._enc.encode(msg)
+
+    def decode(self, data: bytes) -> Any:
+        return self._dec.decode(data)
