@@ -1,0 +1,95 @@
+"""The FlashInfer attention backend (CUDA only): paged prefill and decode wrappers planned once per step.
+
+The pool is viewed as page size 1 in NHD layout: layer l's K is `k_cache[l].unsqueeze(1)`
+([num_slots, 1, Hkv, D]), so kv_indices are simply each request's slots from req_to_token, concatenated,
+and every last page holds exactly 1 token. That works for any slot layout (page size 1 or P).
+
+`init_forward` builds kv_indptr / kv_indices / qo_indptr on the device; the wrapper `plan` runs at the first
+layer of the step (when q's head count and dtype are known) and every later layer reuses it.
+flashinfer is imported only when this backend is constructed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels import ref
+from kernels.api import AttnMetadata
+
+
+def build_kv_indices(
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens_cpu: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CSR over slots: (kv_indptr [B+1] int32, kv_indices [sum seq_lens] int32), on req_to_token's device.
+
+    kv_indices[kv_indptr[b] : kv_indptr[b+1]] == req_to_token[req_pool_indices[b], :seq_lens[b]].
+    Uses only host lengths for sizes, so it does not sync with the device.
+    """
+    device = req_to_token.device
+    lens_cpu = torch.tensor(seq_lens_cpu, dtype=torch.int64)
+    indptr_cpu = torch.zeros(len(seq_lens_cpu) + 1, dtype=torch.int64)
+    torch.cumsum(lens_cpu, 0, out=indptr_cpu[1:])
+    total = int(indptr_cpu[-1])
+    indptr = indptr_cpu.to(device)
+    req = torch.repeat_interleave(
+        torch.arange(len(seq_lens_cpu), device=device), lens_cpu.to(device), output_size=total
+    )  # [total] request index of each entry
+    pos = torch.arange(total, device=device) - indptr[req]  # [total] position within its request
+    indices = req_to_token[req_pool_indices.to(device)[req], pos].to(torch.int32)
+    return indptr.to(torch.int32), indices
+
+
+class FlashInferAttnBackend:
+    def __init__(
+        self, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, workspace_bytes: int = 128 << 20
+    ) -> None:
+        import flashinfer
+
+        self.k_cache = k_cache  # [L, S, Hkv, D]
+        self.v_cache = v_cache
+        self.scale = scale
+        self.workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=k_cache.device)
+        self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+        self.decoder = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD")
+        self.meta: AttnMetadata | None = None
+        self._csr: tuple[torch.Tensor, ...] = ()
+        self._planned = False
+
+    def init_forward(self, meta: AttnMetadata) -> None:
+        self.meta = meta
+        kv_indptr, kv_indices = build_kv_indices(meta.req_to_token, meta.req_pool_indices, meta.seq_lens_cpu)
+        last_page_len = torch.ones(meta.batch_size, dtype=torch.int32, device=kv_indptr.device)
+        qo = torch.zeros(meta.batch_size + 1, dtype=torch.int32)
+        torch.cumsum(torch.tensor(meta.extend_lens_cpu, dtype=torch.int32), 0, out=qo[1:])
+        self._csr = (qo.to(kv_indptr.device), kv_indptr, kv_indices, last_page_len)
+        self._planned = False
+
+    def _plan(self, q: torch.Tensor) -> None:
+        qo_indptr, kv_indptr, kv_indices, last_page_len = self._csr
+        hq, d = q.shape[1], q.shape[2]
+        hkv = self.k_cache.shape[2]
+        kv_dtype = self.k_cache.dtype
+        if self.meta.is_decode:
+            self.decoder.plan(
+                kv_indptr, kv_indices, last_page_len, hq, hkv, d, 1,
+                pos_encoding_mode="NONE", q_data_type=q.dtype, kv_data_type=kv_dtype, sm_scale=self.scale,
+            )
+        else:
+            self.prefill.plan(
+                qo_indptr, kv_indptr, kv_indices, last_page_len, hq, hkv, d, 1,
+                causal=True, sm_scale=self.scale, q_data_type=q.dtype, kv_data_type=kv_dtype,
+            )
+        self._planned = True
+
+    def _run(self, wrapper, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
+        kc, vc = self.k_cache[layer_id], self.v_cache[layer_id]
+        ref.store_kv(kc, vc, self.meta.out_cache_loc, k, v)
+        if not self._planned:
+            self._plan(q)
+        return wrapper.run(q.contiguous(), (kc.unsqueeze(1), vc.unsqueeze(1)))
+
+    def extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
+        return self._run(self.prefill, q, k, v, layer_id)
+
+    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
+        return self._run(self.decoder, q, k, v, layer_id)

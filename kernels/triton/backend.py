@@ -1,0 +1,58 @@
+"""The Triton attention backend: store new K/V with a Triton kernel, then Triton extend / decode attention.
+
+Same contract as kernels/torch_backend.py (the reference): `init_forward(meta)` once per step builds the
+per-step device metadata (qo_start for extend; decode scratch reused across layers and steps), then each layer
+calls `extend` or `decode`. Decode launches depend only on (B, Hkv, num_kv_splits), never on host lengths.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.api import AttnMetadata
+from kernels.triton.decode_attention import alloc_decode_scratch, decode_attention
+from kernels.triton.extend_attention import extend_attention
+from kernels.triton.store_kv import store_kv
+
+
+class TritonAttnBackend:
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, num_kv_splits: int = 8) -> None:
+        self.k_cache = k_cache  # [L, S, Hkv, D]
+        self.v_cache = v_cache
+        self.scale = scale
+        self.num_kv_splits = num_kv_splits
+        self.meta: AttnMetadata | None = None
+        self._qo_start: torch.Tensor | None = None  # [B] exclusive cumsum of extend_lens (extend only)
+        self._max_extend = 0
+        self._mid: tuple[torch.Tensor, torch.Tensor] | None = None  # decode split scratch, grown on demand
+
+    def init_forward(self, meta: AttnMetadata) -> None:
+        self.meta = meta
+        if not meta.is_decode:
+            self._qo_start = torch.cumsum(meta.extend_lens, 0) - meta.extend_lens
+            self._max_extend = max(meta.extend_lens_cpu, default=0)
+
+    def extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
+        m = self.meta
+        kc, vc = self.k_cache[layer_id], self.v_cache[layer_id]
+        store_kv(kc, vc, m.out_cache_loc, k, v)
+        return extend_attention(
+            q, kc, vc, m.req_to_token, m.req_pool_indices, m.prefix_lens, m.extend_lens,
+            self._qo_start, self._max_extend, self.scale,
+        )
+
+    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
+        m = self.meta
+        kc, vc = self.k_cache[layer_id], self.v_cache[layer_id]
+        store_kv(kc, vc, m.out_cache_loc, k, v)
+        return decode_attention(
+            q, kc, vc, m.req_to_token, m.req_pool_indices, m.seq_lens, self.scale,
+            num_kv_splits=self.num_kv_splits, mid=self._scratch(q),
+        )
+
+    def _scratch(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        bsz, hq, d = q.shape
+        mid = self._mid
+        if mid is None or mid[0].shape[0] < bsz or mid[0].shape[1] != hq or mid[0].shape[3] != d:
+            mid = self._mid = alloc_decode_scratch(max(bsz, 1), hq, d, self.num_kv_splits, q.device)
+        return mid

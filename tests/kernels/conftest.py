@@ -1,0 +1,21 @@
+"""Kernel tests run the Triton kernels under the interpreter on CPU-only machines.
+
+TRITON_INTERPRET is read when a kernel is decorated (at import of kernels.triton.*), so it is set here,
+before any test module imports them. With CUDA present the same tests run the compiled kernels on the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def device() -> str:
+    return "cuda" if HAS_CUDA else "cpu"
