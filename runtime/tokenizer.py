@@ -204,12 +204,16 @@ class Tokenizer:
                     **template_kwargs: Any) -> list[int]:
         """Render the chat template and encode it so that control-token ids come only from the template text,
         never from message content, tool definitions or template kwargs. When no user string contains control
-        text this equals `encode(apply_chat_template(...), add_special_tokens=False)`."""
+        text this equals `encode(apply_chat_template(...), add_special_tokens=False)`. User text is encoded as
+        one plain span (`allow_special=False`), so " <|x|>" in content tokenizes exactly as the same text would.
+        `chat_template=` overrides the model's template and is trusted (never marked)."""
+        template = template_kwargs.pop("chat_template", None)  # trusted: from the operator, not the request
         found: list[str] = []
         marked_messages = mark_control_text(messages, self._control_re, found)
         marked_tools = mark_control_text(tools, self._control_re, found) if tools is not None else None
         marked_kwargs = mark_control_text(template_kwargs, self._control_re, found)
-        text = self.apply_chat_template(marked_messages, add_generation_prompt, marked_tools, **marked_kwargs)
+        text = self.apply_chat_template(marked_messages, add_generation_prompt, marked_tools,
+                                        chat_template=template, **marked_kwargs)
         return self._encode_template_text(text, found)
 
     def _encode_template_text(self, text: str, found: list[str]) -> list[int]:
