@@ -77,11 +77,17 @@ class BatchTokenOut(Msg):
 
 # ---------------------------------------------------------------- detokenizer -> server
 class ReqTextOut(Msg):
-    """`text_delta` is new text since the last output for this rid (never a broken UTF-8 sequence)."""
+    """`text_delta` is new text since the last output for this rid (never a broken UTF-8 sequence).
+
+    `trim` > 0 only on a finishing output: drop that many characters from the end of the text sent so far
+    before appending `text_delta` (a stop string partly sent earlier is cut from the final text; the
+    TokenizerManager holds back a streamed tail that could start a stop string, so clients never see it).
+    """
 
     rid: str
     text_delta: str
     new_ids: list[int]
+    trim: int = 0
     finish_reason: dict[str, Any] | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0

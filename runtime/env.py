@@ -1,0 +1,47 @@
+"""Environment variables: the one module that reads `RADIXGEN_*` (DESIGN.md section 7).
+
+Everything tunable by users goes through the config dataclasses and CLI flags; these are knobs for operators
+and tests that must reach child processes without a flag. Read once per call of `load_env()`, never cached
+at import, so tests can set them before launching.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Env:
+    detokenizer_max_states: int = 65536
+    """RADIXGEN_DETOKENIZER_MAX_STATES: per-rid decode states kept by the detokenizer (LRU beyond)."""
+    health_check_timeout: float = 20.0
+    """RADIXGEN_HEALTH_CHECK_TIMEOUT: seconds /health_generate waits for its one-token generation."""
+    scheduler_factory: str | None = None
+    """RADIXGEN_SCHEDULER_FACTORY: "module:function" building the scheduler loop's collaborators instead of
+    the real model (plumbing tests use a fake scheduler)."""
+    abort_confirm_timeout: float = 30.0
+    """RADIXGEN_ABORT_CONFIRM_TIMEOUT: seconds an aborted request's state waits for the scheduler's confirm."""
+    parent_poll_interval: float = 0.5
+    """RADIXGEN_PARENT_POLL_INTERVAL: how often children check that their parent is still alive."""
+
+
+def _get(name: str, cast: type, default: object) -> object:
+    raw = os.environ.get(f"RADIXGEN_{name}")
+    if raw is None or raw == "":
+        return default
+    try:
+        return cast(raw)
+    except ValueError:
+        raise ValueError(f"RADIXGEN_{name}={raw!r} is not a valid {cast.__name__}") from None
+
+
+def load_env() -> Env:
+    d = Env()
+    return Env(
+        detokenizer_max_states=_get("DETOKENIZER_MAX_STATES", int, d.detokenizer_max_states),
+        health_check_timeout=_get("HEALTH_CHECK_TIMEOUT", float, d.health_check_timeout),
+        scheduler_factory=_get("SCHEDULER_FACTORY", str, d.scheduler_factory),
+        abort_confirm_timeout=_get("ABORT_CONFIRM_TIMEOUT", float, d.abort_confirm_timeout),
+        parent_poll_interval=_get("PARENT_POLL_INTERVAL", float, d.parent_poll_interval),
+    )

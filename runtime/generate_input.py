@@ -1,0 +1,126 @@
+"""Native generate input: the `/generate` JSON body (or `Engine.generate` arguments) normalized to one
+`GenerateRequest` per prompt, with type errors reported as `RequestError` naming the parameter.
+
+Shapes accepted (SGLang's GenerateReqInput): `text` str | list[str], or `input_ids` list[int] |
+list[list[int]]; `sampling_params` dict | list[dict] | null; `rid` str | list[str]; `stream` bool;
+`return_logprob`, `logprob_start_len`, `top_logprobs_num` a scalar or one per prompt;
+`return_text_in_logprobs` bool. `null` anywhere means the default. Unknown keys are ignored (SGLang clients
+send many optional fields).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+class RequestError(ValueError):
+    """A request the server refuses: rendered as the OpenAI error envelope with `status`."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value", status: int = 400,
+                 type: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message, self.param, self.code, self.status = message, param, code, status
+        self.type, self.headers = type, headers or {}
+
+
+@dataclass
+class GenerateRequest:
+    """One prompt's request as the TokenizerManager takes it (sampling params still a raw dict)."""
+
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling_params: dict[str, Any] | None = None
+    rid: str | None = None
+    stream: bool = False
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _bool(body: dict, key: str, default: bool = False) -> bool:
+    v = body.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise RequestError(f"{key} must be a boolean", key, "invalid_type")
+    return v
+
+
+def _per_item(body: dict, key: str, n: int, default: Any, check: Any) -> list[Any]:
+    """A scalar (same for all prompts) or a list with one value per prompt."""
+    v = body.get(key)
+    if v is None:
+        return [default] * n
+    vals = v if isinstance(v, list) else [v] * n
+    if len(vals) != n:
+        raise RequestError(f"{key} has {len(vals)} entries for {n} prompts", key)
+    out = []
+    for x in vals:
+        if x is None:
+            out.append(default)
+        elif not check(x):
+            raise RequestError(f"{key} has the wrong type", key, "invalid_type")
+        else:
+            out.append(x)
+    return out
+
+
+def _prompts(body: dict) -> tuple[list[str | None], list[list[int] | None], bool]:
+    text, ids = body.get("text"), body.get("input_ids")
+    if text is not None and ids is not None:
+        raise RequestError("give either text or input_ids, not both", "text")
+    if text is not None:
+        if isinstance(text, str):
+            return [text], [None], False
+        if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
+            return list(text), [None] * len(text), True
+        raise RequestError("text must be a string or a non-empty list of strings", "text", "invalid_type")
+    if ids is not None:
+        if isinstance(ids, list) and ids and all(_is_int(t) for t in ids):
+            return [None], [list(ids)], False
+        if (isinstance(ids, list) and ids and all(isinstance(r, list) for r in ids)
+                and all(_is_int(t) for r in ids for t in r)):
+            return [None] * len(ids), [list(r) for r in ids], True
+        raise RequestError("input_ids must be a non-empty list of token ids or a list of such lists",
+                           "input_ids", "invalid_type")
+    raise RequestError("either text or input_ids is required", "text", "missing_required_parameter")
+
+
+def normalize_generate(body: Any) -> tuple[list[GenerateRequest], bool]:
+    """Split a generate body into per-prompt requests; returns (requests, is_batch)."""
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object", None, "invalid_type")
+    texts, ids, is_batch = _prompts(body)
+    n = len(texts)
+    sps = body.get("sampling_params")
+    if sps is None or isinstance(sps, dict):
+        sps = [sps] * n
+    elif not (isinstance(sps, list) and all(s is None or isinstance(s, dict) for s in sps)):
+        raise RequestError("sampling_params must be an object or a list of objects", "sampling_params",
+                           "invalid_type")
+    if len(sps) != n:
+        raise RequestError(f"sampling_params has {len(sps)} entries for {n} prompts", "sampling_params")
+    rid = body.get("rid")
+    if rid is None:
+        rids: list[str | None] = [None] * n
+    elif isinstance(rid, str) and rid:
+        rids = [rid] if n == 1 else [f"{rid}_{i}" for i in range(n)]
+    elif isinstance(rid, list) and len(rid) == n and all(isinstance(r, str) and r for r in rid):
+        rids = list(rid)
+    else:
+        raise RequestError("rid must be a non-empty string or one string per prompt", "rid", "invalid_type")
+    stream = _bool(body, "stream")
+    if stream and is_batch:
+        raise RequestError("streaming is supported for a single prompt only", "stream")
+    ret_lp = _per_item(body, "return_logprob", n, False, lambda x: isinstance(x, bool))
+    start = _per_item(body, "logprob_start_len", n, -1, _is_int)
+    top = _per_item(body, "top_logprobs_num", n, 0, _is_int)
+    text_lp = _bool(body, "return_text_in_logprobs")
+    return [GenerateRequest(texts[i], ids[i], sps[i], rids[i], stream, ret_lp[i], start[i], top[i], text_lp)
+            for i in range(n)], is_batch
