@@ -1,0 +1,1 @@
+"""Backends the interpreter runs programs on (see base.py for the hooks)."""
