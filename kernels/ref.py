@@ -17,6 +17,11 @@ def store_kv(
     v_cache[loc] = v.to(v_cache.dtype)
 
 
+def _up(x: torch.Tensor) -> torch.Tensor:
+    """Half precision computes in float32; float32 and float64 stay as they are."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, prefix_len: int) -> torch.Tensor:
     """One request. q: [E, Hq, D]; k, v: [S, Hkv, D] with S = prefix_len + E. Query i sees keys <= prefix_len + i."""
     e, hq, _ = q.shape
@@ -47,7 +52,7 @@ def extend_attention(
     """Ragged extend: q [T, Hq, D] (requests' new tokens concatenated); the new K/V are already stored.
 
     Request b's new tokens attend to its prefix_lens[b] cached tokens and causally to each other.
-    Returns [T, Hq, D] in q's dtype (computed in float32 when q is half precision).
+    Returns [T, Hq, D] in q's dtype (computed in float32 when q is half precision, else in q's dtype).
     """
     out = torch.empty_like(q)
     start = 0
@@ -56,7 +61,7 @@ def extend_attention(
         slots = req_to_token[row, : plen + elen].long()
         qb = q[start : start + elen]
         kb, vb = k_cache[slots], v_cache[slots]
-        out[start : start + elen] = _attend(qb.float(), kb.float(), vb.float(), scale, plen).to(q.dtype)
+        out[start : start + elen] = _attend(_up(qb), _up(kb), _up(vb), scale, plen).to(q.dtype)
         start += elen
     return out
 
@@ -74,8 +79,8 @@ def decode_attention(
     out = torch.empty_like(q)
     for b, (row, slen) in enumerate(zip(req_pool_indices.tolist(), seq_lens, strict=True)):
         slots = req_to_token[row, :slen].long()
-        kb, vb = k_cache[slots].float(), v_cache[slots].float()
-        out[b : b + 1] = _attend(q[b : b + 1].float(), kb, vb, scale, slen - 1).to(q.dtype)
+        kb, vb = _up(k_cache[slots]), _up(v_cache[slots])
+        out[b : b + 1] = _attend(_up(q[b : b + 1]), kb, vb, scale, slen - 1).to(q.dtype)
     return out
 
 
@@ -84,9 +89,9 @@ def rmsnorm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused add + RMSNorm: h = x + residual (or x); returns (rmsnorm(h) * weight, h). Computed in float32."""
     h = x if residual is None else x + residual
-    hf = h.float()
+    hf = _up(h)
     normed = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
-    return (normed * weight.float()).to(x.dtype), h
+    return (normed * weight.to(hf.dtype)).to(x.dtype), h
 
 
 def rope_cos_sin(
@@ -131,7 +136,7 @@ def apply_rope(
     sin = cs[:, half:].unsqueeze(1)
 
     def rot(x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
+        xf = _up(x)
         x1, x2 = xf[..., :half], xf[..., half:]
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 

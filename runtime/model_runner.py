@@ -23,7 +23,7 @@ from runtime.models.registry import resolve_model_path
 log = logging.getLogger(__name__)
 
 CPU_KV_BUDGET_BYTES = 2 << 30  # default KV pool size on CPU when --max-total-tokens is not given
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ModelRunner:

@@ -88,4 +88,5 @@ class LlamaForCausalLM:
             h = F.linear(F.silu(gate) * up, lw.w_down)
         last = (h + residual)[fb.logits_indices]
         x = ref.rmsnorm(last, self.norm, a.rms_eps)[0]
-        return F.linear(x, self.lm_head).float()
+        logits = F.linear(x, self.lm_head)
+        return logits if logits.dtype == torch.float64 else logits.float()

@@ -45,7 +45,7 @@ def load_weights(path: str, dtype: torch.dtype, progress: bool = True) -> tuple[
 
 
 def _cast(name: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return t.float() if "norm" in name else t.to(dtype)
+    return t.to(torch.promote_types(dtype, torch.float32)) if "norm" in name else t.to(dtype)
 
 
 # ------------------------------------------------------------------------------------------- GGUF

@@ -1,0 +1,37 @@
+"""Shared fixtures: the default model path and one SmolLM2 model runner per test session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(scope="session")
+def smollm_path() -> str:
+    from runtime.models.registry import default_model_path
+
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def smollm_runner(smollm_path):
+    """A float32 SmolLM2 runner with a small KV pool (tests that need others build their own)."""
+    from runtime.config import make_config
+    from runtime.model_runner import create_model_runner
+
+    return create_model_runner(make_config(model_path=smollm_path, max_total_tokens=8192), progress=False)
+
+
+@pytest.fixture(scope="session")
+def hf_smollm(smollm_path):
+    """transformers' own loading of the same GGUF file (float32) and its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d, f = os.path.dirname(smollm_path), os.path.basename(smollm_path)
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, torch_dtype=torch.float32).eval()
+    return model, tok
