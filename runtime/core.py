@@ -1,0 +1,167 @@
+"""Request state: `SamplingParams`, `Req` and `Batch`, the one home of a request's length vocabulary.
+
+Data flow: the scheduler builds a `Req` from each `TokenizedGenerateReq`, moves it between its queues
+(grammar -> waiting -> running, and back to waiting on retraction), groups running requests into a `Batch`
+per step, and hands the model runner the immutable `ForwardBatch` view built here.
+
+Lengths of a request (all positions index `fill_ids = origin_input_ids + output_ids`):
+- `cached_len`: positions [0, cached_len) have K/V in the pool, reached through `row` of the table.
+- `tree_len`:   positions [0, tree_len) are slots owned by the radix tree, locked through `last_node`
+                (tree_len <= cached_len; the rest of the row's slots belong to the request).
+- `extend_len`: tokens computed in the current step (prefill chunk, or 1 in decode).
+- `seq_len`:    cached_len + extend_len, the sequence length after the current step.
+A running request's KV lags its tokens by one: the last sampled token is the next step's input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from runtime.forward_batch import ForwardBatch
+from runtime.sampling_params import SamplingParams
+
+__all__ = ["Batch", "Req", "SamplingParams", "finish_abort", "finish_length", "finish_stop"]
+
+
+def finish_length(n: int) -> dict[str, Any]:
+    return {"type": "length", "length": n}
+
+
+def finish_stop(matched: str | int) -> dict[str, Any]:
+    return {"type": "stop", "matched": matched}
+
+
+def finish_abort(message: str) -> dict[str, Any]:
+    return {"type": "abort", "message": message}
+
+
+class Req:
+    """One generation request and everything the scheduler tracks about it."""
+
+    def __init__(
+        self, rid: str, input_ids: list[int], params: SamplingParams, *, arrival: int = 0,
+        return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
+    ) -> None:
+        self.rid = rid
+        self.origin_input_ids = list(input_ids)
+        self.sampling_params = params
+        self.arrival = arrival  # arrival order, kept across retraction (fcfs and tie-breaks)
+        self.seed = params.sampling_seed if params.sampling_seed is not None else 0  # set by the scheduler
+        self.return_logprob = return_logprob
+        self.logprob_start_len = logprob_start_len if return_logprob else -1
+        self.top_logprobs_num = top_logprobs_num if return_logprob else 0
+        self.output_ids: list[int] = []
+        # KV bookkeeping (see the module docstring); row is None while the request is not admitted.
+        self.row: int | None = None
+        self.last_node: Any = None
+        self.tree_len = 0
+        self.cached_len = 0
+        self.extend_len = 0
+        # Finishing and reporting.
+        self.finish_reason: dict[str, Any] | None = None
+        self.stop_trim: str | None = None
+        self.cached_tokens = 0  # prompt tokens served by the cache at first admission
+        self.admitted = False  # admitted at least once (cached_tokens is then final)
+        self.prefilled = False  # the first full prefill is done (prompt logprobs are then final)
+        self.num_retractions = 0
+        self.sent_len = 0  # output_ids[:sent_len] already reported
+        self.out_logprobs: list[tuple[float, int]] = []  # pending since the last report
+        self.out_top_logprobs: list[list[tuple[float, int]]] = []
+        self.in_logprobs: list[tuple[float | None, int]] = []
+        self.in_top_logprobs: list[list[tuple[float, int]] | None] = []
+        self.in_logprobs_sent = False
+        # Constrained decoding seam: `grammar` has fill_mask(mask_row), accept_token(id), is_terminated(), copy().
+        self.grammar: Any = None
+        self.grammar_future: Any = None
+        self.grammar_wait_since = 0.0
+
+    # ---- lengths ----------------------------------------------------------------------------------------------
+    @property
+    def fill_ids(self) -> list[int]:
+        """Every token known so far: prompt plus output."""
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return self.cached_len + self.extend_len
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.origin_input_ids)
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.sampling_params.max_new_tokens
+
+    @property
+    def remaining_new_tokens(self) -> int:
+        """Output tokens it may still produce (retraction keeps what it already produced)."""
+        return max(self.max_new_tokens - len(self.output_ids), 0)
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        return self.logprob_start_len >= 0 and not self.prefilled
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def match_cap(self) -> int:
+        """Longest prefix the cache may serve: at least one token must be computed (its logits sample the
+        next token), and prompt logprobs from `logprob_start_len` need their positions' logits computed."""
+        cap = len(self.origin_input_ids) + len(self.output_ids) - 1
+        if self.wants_input_logprobs:
+            cap = min(cap, max(self.logprob_start_len - 1, 0))
+        return max(cap, 0)
+
+    def __repr__(self) -> str:
+        return (f"Req({self.rid!r}, prompt={self.prompt_len}, out={len(self.output_ids)}, "
+                f"cached={self.cached_len}, tree={self.tree_len}, row={self.row})")
+
+
+class Batch:
+    """The requests of one step and the new tokens each computes.
+
+    `reqs[b]` computes `fill_ids[cached_len : cached_len + extend_len]` into slots `out_cache_loc` (concatenated
+    in request order). `logit_offsets[b]` lists positions (relative to the request's first new token) whose
+    logits come back; the last offset of a request that samples this step is `extend_len - 1`.
+    """
+
+    def __init__(self, reqs: list[Req], is_decode: bool, out_cache_loc: torch.Tensor,
+                 logit_offsets: list[list[int]]) -> None:
+        self.reqs = reqs
+        self.is_decode = is_decode
+        self.out_cache_loc = out_cache_loc
+        self.logit_offsets = logit_offsets
+        # logits row span of each request in the runner's output: rows[b] = (start, count)
+        self.logit_rows: list[tuple[int, int]] = []
+        acc = 0
+        for offs in logit_offsets:
+            self.logit_rows.append((acc, len(offs)))
+            acc += len(offs)
+
+    @property
+    def size(self) -> int:
+        return len(self.reqs)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.extend_len for r in self.reqs)
+
+    def forward_batch(self) -> ForwardBatch:
+        """Immutable tensor view for the runner (the table rows were already written by the scheduler)."""
+        ids, indices, start = [], [], 0
+        for req, offs in zip(self.reqs, self.logit_offsets, strict=True):
+            ids.append(req.fill_ids[req.cached_len : req.seq_len])
+            indices.extend(start + o for o in offs)
+            start += req.extend_len
+        return ForwardBatch.build(
+            input_ids=ids,
+            prefix_lens=[r.cached_len for r in self.reqs],
+            out_cache_loc=self.out_cache_loc,
+            req_pool_indices=[r.row for r in self.reqs],
+            is_decode=self.is_decode,
+            logits_indices=indices,
+        )

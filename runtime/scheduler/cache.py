@@ -1,0 +1,140 @@
+"""KV bookkeeping of requests: table rows, pool slots and the radix tree, in one place.
+
+The scheduler's collaborators never touch the allocator, the table or the tree directly; they call this
+manager, which keeps the ownership rule: every slot is free, owned by the tree (evictable or locked), or
+owned by exactly one request (positions [tree_len, cached_len) of its row plus this step's new slots).
+With the radix cache disabled `tree` is None: nothing is shared, and a request frees all its slots.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radix_cache import RadixCache
+from runtime.core import Req
+from runtime.memory import ReqToTokenTable, SlotAllocator
+
+
+class KVManager:
+    def __init__(self, allocator: SlotAllocator, table: ReqToTokenTable, use_tree: bool) -> None:
+        self.allocator = allocator
+        self.table = table
+        self.page_size = allocator.page_size
+        self.tree: RadixCache | None = (
+            RadixCache(page_size=allocator.page_size, free_slots=allocator.free) if use_tree else None
+        )
+
+    # ---- sizes ------------------------------------------------------------------------------------------------
+    @property
+    def total(self) -> int:
+        return self.allocator.num_slots
+
+    def free_size(self) -> int:
+        return self.allocator.available()
+
+    def evictable_size(self) -> int:
+        return self.tree.evictable_size() if self.tree else 0
+
+    def locked_size(self) -> int:
+        return self.tree.locked_size() if self.tree else 0
+
+    def available(self) -> int:
+        """Slots obtainable now: free plus evictable."""
+        return self.free_size() + self.evictable_size()
+
+    # ---- matching -----------------------------------------------------------------------------------------------
+    def peek_match(self, req: Req) -> int:
+        """Cached-prefix length of `req` without locking or counting it (for the policy)."""
+        if self.tree is None:
+            return 0
+        ids = req.fill_ids[: req.match_cap()]
+        return self.tree.match_prefix(ids, record=False).length if ids else 0
+
+    def admit(self, req: Req) -> bool:
+        """Give `req` a table row holding its cached prefix (locked in the tree). False when no row is free."""
+        row = self.table.alloc_row()
+        if row is None:
+            return False
+        req.row = row
+        req.cached_len = req.tree_len = 0
+        req.last_node = None
+        if self.tree is not None:
+            ids = req.fill_ids[: req.match_cap()]
+            if ids:
+                m = self.tree.match_prefix(ids)
+                self.tree.lock(m.last_node)
+                req.last_node = m.last_node
+                req.cached_len = req.tree_len = m.length
+                self.table.write(row, 0, m.slots)
+        return True
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        """n fresh slots, evicting unlocked cache leaves if needed; None when even that is not enough."""
+        if n <= 0:
+            return torch.empty(0, dtype=torch.int64)
+        short = n - self.allocator.available()
+        if short > 0 and self.tree is not None:
+            self.tree.evict(short)
+        return self.allocator.alloc(n)
+
+    def extend(self, req: Req, n: int) -> torch.Tensor | None:
+        """Allocate n slots for req's next n tokens and write them into its row (positions cached_len..)."""
+        slots = self.alloc(n)
+        if slots is not None:
+            self.table.write(req.row, req.cached_len, slots)
+            req.extend_len = n
+        return slots
+
+    # ---- caching progress -------------------------------------------------------------------------------------
+    def cache_unfinished(self, req: Req) -> None:
+        """Insert req's computed tokens into the tree (after a prefill chunk), move its lock to the new last
+        node and rewrite its row with the tree's canonical slots; duplicate slots are freed at once."""
+        if self.tree is None:
+            return
+        ids = req.fill_ids[: req.cached_len]
+        slots = self.table.read(req.row, 0, req.cached_len)
+        already = self.tree.insert(ids, slots)
+        if already > req.tree_len:
+            self.allocator.free(slots[req.tree_len : already])
+        m = self.tree.match_prefix(ids, record=False)
+        self.table.write(req.row, 0, m.slots)
+        self.tree.lock(m.last_node)
+        if req.last_node is not None:
+            self.tree.unlock(req.last_node)
+        req.last_node, req.tree_len = m.last_node, m.length
+
+    def release(self, req: Req) -> None:
+        """Req leaves the pool (finished, aborted or retracted): its computed KV goes into the tree (so a next
+        chat turn or its own readmission hits), its lock is dropped and its row freed."""
+        if req.row is None:
+            return
+        slots = self.table.read(req.row, 0, req.cached_len)
+        if self.tree is None:
+            self.allocator.free(slots)
+        else:
+            ids = req.fill_ids[: req.cached_len]
+            already = self.tree.insert(ids, slots)
+            if already > req.tree_len:
+                self.allocator.free(slots[req.tree_len : already])
+            aligned = req.cached_len - req.cached_len % self.page_size
+            if aligned < req.cached_len:  # unaligned tail (page_size > 1) stays ours: free it
+                self.allocator.free(slots[aligned:])
+            if req.last_node is not None:
+                self.tree.unlock(req.last_node)
+        self.table.free_row(req.row)
+        req.row, req.last_node = None, None
+        req.cached_len = req.tree_len = req.extend_len = 0
+
+    def drop_step_slots(self, req: Req, slots: torch.Tensor) -> None:
+        """Undo an `extend` whose forward never ran (the request was aborted before it)."""
+        self.allocator.free(slots)
+        req.extend_len = 0
+
+    def flush(self) -> bool:
+        """Empty the tree (only when no request holds a lock)."""
+        if self.tree is None:
+            return True
+        if self.tree.locked_size():
+            return False
+        self.tree.reset()
+        return True

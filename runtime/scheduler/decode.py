@@ -1,0 +1,65 @@
+"""Decode planning: one new slot per running request, evicting the cache and then retracting when short.
+
+When free + evictable slots cannot cover the next few steps of every running request, requests are
+retracted back to the waiting queue, fewest output tokens first (ties: longest prompt first), until they
+can. A retracted request's computed KV (prompt plus output so far) goes into the tree unlocked, so its
+readmission is mostly a cache hit; it keeps `output_ids`. A request that cannot decode even alone is
+aborted (the pool is too small for it): the scheduler never crashes on a full pool.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from runtime.core import Batch, Req
+from runtime.scheduler.cache import KVManager
+
+RETRACT_DECODE_STEPS = 20  # retract until every remaining request has room for this many steps
+
+
+class DecodePlan(NamedTuple):
+    batch: Batch | None
+    retracted: list[Req]
+    aborted: list[tuple[Req, str]]
+
+
+def _room_needed(reqs: list[Req]) -> int:
+    return sum(max(min(r.remaining_new_tokens, RETRACT_DECODE_STEPS), 1) for r in reqs)
+
+
+def plan_decode(kv: KVManager, running: list[Req]) -> DecodePlan:
+    """Plan one decode step over `running` (which it shrinks in place by the retracted/aborted ones)."""
+    retracted: list[Req] = []
+    aborted: list[tuple[Req, str]] = []
+    if kv.available() < len(running):
+        # Victims in pop order: the request with the fewest output tokens (then the longest prompt) last.
+        victims = sorted(running, key=lambda r: (len(r.output_ids), -r.prompt_len), reverse=True)
+        while len(victims) > 1 and kv.available() < _room_needed(victims):
+            req = victims.pop()
+            kv.release(req)
+            req.num_retractions += 1
+            retracted.append(req)
+        if kv.available() < len(victims):
+            req = victims.pop()
+            kv.release(req)
+            aborted.append((req, f"KV cache pool ({kv.total} slots) is too small for this request"))
+        keep = {id(r) for r in victims}
+        running[:] = [r for r in running if id(r) in keep]
+    if not running:
+        return DecodePlan(None, retracted, aborted)
+    slots = []
+    for req in running:
+        s = kv.extend(req, 1)
+        assert s is not None, "decode slots were checked above"
+        slots.append(s)
+    batch = Batch(list(running), True, torch.cat(slots), [[0]] * len(running))
+    return DecodePlan(batch, retracted, aborted)
+
+
+def retract_ratio(running: list[Req]) -> float:
+    """new_token_ratio estimate after a retraction: the share of max_new_tokens the survivors will use."""
+    done = sum(len(r.output_ids) for r in running)
+    total = sum(r.max_new_tokens for r in running) or 1
+    return min(1.0, (done + RETRACT_DECODE_STEPS * len(running)) / total)

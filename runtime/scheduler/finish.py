@@ -1,0 +1,55 @@
+"""Finish checks after a request appends a token (reference/sglang.md 2.12), in SGLang's order:
+
+length (`len(output_ids) >= max_new_tokens`) -> grammar terminated -> EOS / stop_token_ids (unless
+ignore_eos) -> stop strings and stop regexes on the decoded output tail. Nothing but length ends a request
+before `min_new_tokens` (the sampler also masks stop ids until then).
+
+Stop strings are matched on the decoded text of the last few output tokens (`tail_tokens`): a stop string
+of c characters spans at most c + 1 tokens (a token decodes to at least one character, a partial UTF-8 one
+to a replacement character), so decoding c + 2 tokens always covers a match that ends in the newest token.
+"""
+
+from __future__ import annotations
+
+import re
+
+from runtime.core import Req, finish_length, finish_stop
+
+REGEX_TAIL_TOKENS = 64  # decoded tail for stop_regex (its match length is unbounded)
+
+
+def tail_tokens(req: Req) -> int:
+    p = req.sampling_params
+    n = max((len(s) for s in p.stop), default=0) + 2 if p.stop else 0
+    return max(n, REGEX_TAIL_TOKENS) if p.stop_regex else n
+
+
+def check_finished(req: Req, eos_ids: frozenset[int], decode_fn) -> None:
+    """Set `req.finish_reason` (and `req.stop_trim` for a matched stop string) when the request is done."""
+    p = req.sampling_params
+    n = len(req.output_ids)
+    if n >= p.max_new_tokens:
+        req.finish_reason = finish_length(p.max_new_tokens)
+        return
+    last = req.output_ids[-1]
+    if req.grammar is not None and req.grammar.is_terminated():
+        req.finish_reason = finish_stop(last)
+        return
+    if n < p.min_new_tokens:
+        return
+    if not p.ignore_eos and (last in eos_ids or last in p.stop_token_ids):
+        req.finish_reason = finish_stop(last)
+        return
+    k = tail_tokens(req)
+    if not k or decode_fn is None:
+        return
+    tail = decode_fn(req.output_ids[-k:])
+    for s in p.stop:
+        if s in tail:
+            req.finish_reason, req.stop_trim = finish_stop(s), s
+            return
+    for pattern in p.stop_regex:
+        m = re.search(pattern, tail)
+        if m is not None:
+            req.finish_reason, req.stop_trim = finish_stop(m.group(0)), m.group(0)
+            return

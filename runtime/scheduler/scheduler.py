@@ -1,0 +1,308 @@
+"""The scheduler: continuous batching over a radix prefix cache (DESIGN.md sections 3 to 5b).
+
+Input: `handle(msg)` for TokenizedGenerateReq / AbortReq / FlushCacheReq / GetInternalStateReq.
+Output: `step()` runs one iteration and returns a ReqTokenOut for every request that produced tokens or
+finished (aborted ones included). Queues: grammar (constraint still compiling) -> waiting -> running, plus
+at most one chunked request whose prompt is computed over several steps; retraction moves running
+requests back to waiting. The runner, pools and table come in through the constructor, so tests drive
+the scheduler on CPU with a fake runner.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+import torch
+
+from runtime.config import Config, resolve
+from runtime.core import Batch, Req, finish_abort
+from runtime.forward_batch import ForwardBatch
+from runtime.memory import ReqToTokenTable, SlotAllocator
+from runtime.messages import (
+    AbortReq,
+    FlushCacheOut,
+    FlushCacheReq,
+    GetInternalStateReq,
+    InternalStateOut,
+    ReqTokenOut,
+    TokenizedGenerateReq,
+)
+from runtime.sampling import mix_seed
+from runtime.sampling_params import SamplingParams
+from runtime.scheduler.cache import KVManager
+from runtime.scheduler.decode import plan_decode, retract_ratio
+from runtime.scheduler.policy import order_waiting
+from runtime.scheduler.prefill import PrefillAdder
+from runtime.scheduler.process import ResultProcessor
+
+log = logging.getLogger(__name__)
+
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+
+
+class Runner(Protocol):
+    """What the scheduler needs of a model runner."""
+
+    vocab_size: int
+
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """Logits [len(fb.logits_indices), vocab_size] float32."""
+        ...
+
+
+class GrammarBackend(Protocol):
+    """Seam for constrained decoding. `get_future(params)` returns None for an unconstrained request, else a
+    Future resolving to a compiled grammar whose `copy()` is a fresh per-request matcher with
+    `fill_mask(mask_row: bool [V])`, `accept_token(id)`, `is_terminated()`. A failed compile raises."""
+
+    def get_future(self, params: SamplingParams) -> Future | None: ...
+
+
+def _is_constrained(p: SamplingParams) -> bool:
+    return any(x is not None for x in (p.regex, p.json_schema, p.ebnf, p.choices))
+
+
+class Scheduler:
+    def __init__(
+        self, runner: Runner, allocator: SlotAllocator, table: ReqToTokenTable, cfg: Config,
+        eos_ids: frozenset[int], decode_fn: Callable[[list[int]], str] | None = None, grammar_backend=None,
+    ) -> None:
+        self.cfg = cfg = resolve(cfg)
+        self.runner = runner
+        self.grammar_backend: GrammarBackend | None = grammar_backend
+        self.kv = KVManager(allocator, table, use_tree=not cfg.cache.disable_radix_cache)
+        self.processor = ResultProcessor(self.kv, runner.vocab_size, frozenset(eos_ids), decode_fn,
+                                         cfg.model.random_seed)
+        self.policy = cfg.scheduler.schedule_policy
+        self.grammar_queue: list[Req] = []
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked: Req | None = None
+        self._outs: list[ReqTokenOut] = []
+        self._arrivals = 0
+        self.init_ratio = min(1.0, INIT_NEW_TOKEN_RATIO * cfg.scheduler.schedule_conservativeness)
+        self.min_ratio = self.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
+        self.new_token_ratio = self.init_ratio
+        self.stats = {"num_retracted_reqs": 0, "prompt_tokens": 0, "cached_tokens": 0, "forward_steps": 0,
+                      "prefill_tokens": 0, "decode_tokens": 0}
+
+    # ---- input ------------------------------------------------------------------------------------------------
+    def handle(self, msg: Any) -> FlushCacheOut | InternalStateOut | None:
+        if isinstance(msg, TokenizedGenerateReq):
+            self._add_request(msg)
+        elif isinstance(msg, AbortReq):
+            self.abort(msg.rid, msg.abort_all, msg.message)
+        elif isinstance(msg, FlushCacheReq):
+            return self.flush_cache()
+        elif isinstance(msg, GetInternalStateReq):
+            return InternalStateOut(state=self.internal_state())
+        return None
+
+    def _add_request(self, msg: TokenizedGenerateReq) -> None:
+        p = msg.sampling_params
+        self._arrivals += 1
+        req = Req(msg.rid, msg.input_ids, p, arrival=self._arrivals, return_logprob=msg.return_logprob,
+                  logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num)
+        if p.sampling_seed is None:  # batch-independent default seed, distinct per rid (n > 1 copies differ)
+            req.seed = mix_seed(self.cfg.model.random_seed, zlib.crc32(msg.rid.encode()))
+        if not msg.input_ids:
+            return self._finish_abort(req, "the prompt is empty")
+        if len(msg.input_ids) + p.max_new_tokens > self.kv.table.max_context:
+            return self._finish_abort(req, f"prompt plus max_new_tokens exceeds the context length "
+                                           f"({self.kv.table.max_context})")
+        if _is_constrained(p):
+            if self.grammar_backend is None:
+                return self._finish_abort(req, "constrained decoding is disabled (no grammar backend)")
+            fut = self.grammar_backend.get_future(p)
+            if fut is not None:
+                req.grammar_future, req.grammar_wait_since = fut, time.monotonic()
+                self.grammar_queue.append(req)
+                return None
+        self.waiting.append(req)
+        return None
+
+    def abort(self, rid: str | None, abort_all: bool = False, message: str = "aborted by client") -> None:
+        """Drop every request whose rid starts with `rid` (or all), wherever it is, freeing its KV."""
+        def hit(r: Req) -> bool:
+            return abort_all or (rid is not None and r.rid.startswith(rid))
+
+        for req in [r for r in self.grammar_queue if hit(r)]:
+            self.grammar_queue.remove(req)
+            req.grammar_future.cancel()
+            self._finish_abort(req, message)
+        for req in [r for r in self.waiting if hit(r)]:
+            self.waiting.remove(req)
+            self._finish_abort(req, message)
+        if self.chunked is not None and hit(self.chunked):
+            req, self.chunked = self.chunked, None
+            self.kv.release(req)
+            self._finish_abort(req, message)
+        for req in [r for r in self.running if hit(r)]:
+            self.running.remove(req)
+            self.kv.release(req)
+            self._finish_abort(req, message)
+
+    # ---- the loop ---------------------------------------------------------------------------------------------
+    def step(self) -> list[ReqTokenOut]:
+        """One iteration: admit compiled grammars -> schedule (prefill first, else decode) -> forward ->
+        sample and finish -> report. Idle: check the KV invariant and reset the reservation ratio."""
+        self._poll_grammars()
+        batch = self._schedule()
+        if batch is not None:
+            logits = self.runner.forward(batch.forward_batch())
+            self._count(batch)
+            for req in self.processor.process(batch, logits):
+                self._after_sample(req, batch.is_decode)
+        elif not self.has_work():
+            self.new_token_ratio = self.init_ratio
+            self.check_memory(strict=self.cfg.cache.strict_memory_check)
+        outs, self._outs = self._outs, []
+        return outs
+
+    def has_work(self) -> bool:
+        return bool(self.grammar_queue or self.waiting or self.running or self.chunked is not None)
+
+    def _schedule(self) -> Batch | None:
+        ordered = order_waiting(self.policy, self.waiting, self.kv.tree)
+        plan = PrefillAdder(self.kv, self.cfg.scheduler, self.running, self.new_token_ratio).plan(self.chunked, ordered)
+        for req, why in plan.rejected:
+            self.waiting.remove(req)
+            self._finish_abort(req, why)
+        for req in plan.admitted:
+            self.waiting.remove(req)
+            if not req.admitted:
+                req.admitted, req.cached_tokens = True, req.cached_len
+                self.stats["prompt_tokens"] += req.prompt_len
+                self.stats["cached_tokens"] += req.cached_len
+        self.chunked = plan.chunked
+        if plan.batch is not None:
+            return plan.batch
+        if not self.running:
+            return None
+        dplan = plan_decode(self.kv, self.running)
+        if dplan.retracted:
+            self.waiting.extend(dplan.retracted)
+            self.stats["num_retracted_reqs"] += len(dplan.retracted)
+            self.new_token_ratio = max(self.new_token_ratio, retract_ratio(self.running))
+            log.info("retracted %d requests (new_token_ratio %.2f)", len(dplan.retracted), self.new_token_ratio)
+        else:
+            decay = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
+            self.new_token_ratio = max(self.min_ratio, self.new_token_ratio - decay)
+        for req, why in dplan.aborted:
+            self._finish_abort(req, why)
+        return dplan.batch
+
+    def _after_sample(self, req: Req, was_decode: bool) -> None:
+        if req.finished:
+            if was_decode:
+                self.running.remove(req)
+            self.kv.release(req)
+            self._emit(req)
+            return
+        if not was_decode:
+            self.running.append(req)
+        if len(req.output_ids) - req.sent_len >= self.cfg.scheduler.stream_interval or req.sent_len == 0:
+            self._emit(req)
+
+    def _poll_grammars(self) -> None:
+        timeout = self.cfg.grammar.grammar_compile_timeout
+        for req in list(self.grammar_queue):
+            fut = req.grammar_future
+            if fut.done():
+                self.grammar_queue.remove(req)
+                try:
+                    compiled = fut.result()
+                except Exception as e:  # a compile error aborts only this request
+                    self._finish_abort(req, f"failed to compile the grammar: {e}")
+                    continue
+                if compiled is None:
+                    self._finish_abort(req, "invalid grammar")
+                    continue
+                req.grammar = compiled.copy()
+                self.waiting.append(req)
+            elif time.monotonic() - req.grammar_wait_since > timeout:
+                self.grammar_queue.remove(req)
+                fut.cancel()
+                self._finish_abort(req, f"grammar compilation timed out after {timeout:g} s")
+
+    # ---- output -----------------------------------------------------------------------------------------------
+    def _finish_abort(self, req: Req, message: str) -> None:
+        req.finish_reason = finish_abort(message)
+        self._emit(req)
+
+    def _emit(self, req: Req) -> None:
+        p = req.sampling_params
+        new = req.output_ids[req.sent_len :]
+        req.sent_len = len(req.output_ids)
+        out = ReqTokenOut(
+            rid=req.rid, new_ids=new, finish_reason=req.finish_reason, prompt_tokens=req.prompt_len,
+            completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens,
+            num_retractions=req.num_retractions, skip_special_tokens=p.skip_special_tokens,
+            spaces_between_special_tokens=p.spaces_between_special_tokens, no_stop_trim=p.no_stop_trim,
+            stop_trim=req.stop_trim,
+        )
+        if req.return_logprob:
+            out.output_logprobs, req.out_logprobs = req.out_logprobs, []
+            if req.top_logprobs_num:
+                out.output_top_logprobs, req.out_top_logprobs = req.out_top_logprobs, []
+            if req.logprob_start_len >= 0 and req.prefilled and not req.in_logprobs_sent:
+                req.in_logprobs_sent = True
+                out.input_logprobs = req.in_logprobs
+                if req.top_logprobs_num:
+                    out.input_top_logprobs = req.in_top_logprobs
+        self._outs.append(out)
+
+    def _count(self, batch: Batch) -> None:
+        self.stats["forward_steps"] += 1
+        self.stats["decode_tokens" if batch.is_decode else "prefill_tokens"] += batch.num_tokens
+
+    # ---- control ----------------------------------------------------------------------------------------------
+    def flush_cache(self) -> FlushCacheOut:
+        if self.has_work():
+            return FlushCacheOut(success=False, message="cannot flush the cache while requests are running")
+        ok = self.kv.flush()
+        return FlushCacheOut(success=ok, message="" if ok else "the cache has locked entries")
+
+    def internal_state(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "num_running_reqs": len(self.running) + (self.chunked is not None),
+            "num_waiting_reqs": len(self.waiting) + len(self.grammar_queue),
+            "num_grammar_queue_reqs": len(self.grammar_queue),
+            "max_total_num_tokens": self.kv.total,
+            "kv_free_slots": self.kv.free_size(),
+            "kv_evictable_slots": self.kv.evictable_size(),
+            "kv_locked_slots": self.kv.locked_size(),
+            "cache_hit_rate": s["cached_tokens"] / s["prompt_tokens"] if s["prompt_tokens"] else 0.0,
+            "num_retracted_reqs": s["num_retracted_reqs"],
+            "new_token_ratio": self.new_token_ratio,
+            "schedule_policy": self.policy,
+            "radix_cache": self.kv.tree is not None,
+            "forward_steps": s["forward_steps"],
+            "prefill_tokens": s["prefill_tokens"],
+            "decode_tokens": s["decode_tokens"],
+        }
+
+    def check_memory(self, strict: bool = False) -> bool:
+        """Slot accounting: free + evictable + locked + request-owned == total (request-owned is 0 when idle).
+        Logs a warning naming the numbers, or raises RuntimeError when `strict`. Returns whether it held."""
+        live = self.running + ([self.chunked] if self.chunked is not None else [])
+        owned = sum(r.cached_len - r.tree_len for r in live)
+        free, ev, lk, total = self.kv.free_size(), self.kv.evictable_size(), self.kv.locked_size(), self.kv.total
+        ok = free + ev + lk + owned == total and (live or lk == 0)
+        if self.kv.tree is not None and strict:
+            self.kv.tree.check_integrity()
+        if not ok:
+            msg = (f"KV pool leak: free {free} + evictable {ev} + locked {lk} + request-owned {owned} "
+                   f"!= total {total} (running {len(live)})")
+            if strict:
+                raise RuntimeError(msg)
+            log.warning(msg)
+        return ok
