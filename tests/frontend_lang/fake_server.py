@@ -173,7 +173,7 @@ def _make_handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
             for ev in events:
                 self.wfile.write(f"data: {json.dumps(ev)}\n\n".encode())
                 self.wfile.flush()
-                time.sleep(0.002)
+                time.sleep(0.02)
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
             self.close_connection = True
