@@ -37,7 +37,6 @@ def gen(
     min_p: float | None = None,
     frequency_penalty: float | None = None,
     presence_penalty: float | None = None,
-    repetition_penalty: float | None = None,
     ignore_eos: bool | None = None,
     return_logprob: bool | None = None,
     logprob_start_len: int | None = None,
@@ -48,6 +47,7 @@ def gen(
     choices_method: ChoicesSamplingMethod | None = None,
     regex: str | None = None,
     json_schema: Any = None,
+    repetition_penalty: float | None = None,
 ) -> ir.Expr:
     """Generate text into `s[name]`. Unset arguments inherit the run's defaults.
 

@@ -82,6 +82,11 @@ class Runtime:
             time.sleep(0.5)
         raise TimeoutError(f"the server was not ready in {timeout:.0f}s; log:\n{self.log_tail()}")
 
+    def generate(self, prompt: str | list[str], sampling_params: dict | None = None, **kwargs: Any) -> Any:
+        """A raw native `/generate` call (the response JSON)."""
+        return self.endpoint.http.post_json("/generate", {"text": prompt, "sampling_params": sampling_params or {},
+                                                          **kwargs})
+
     def log_tail(self, n: int = 4000) -> str:
         with open(self.log.name, errors="replace") as f:
             return f.read()[-n:]
