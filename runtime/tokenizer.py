@@ -10,7 +10,7 @@ the grammar backend (id_to_token, token_bytes, vocab_size).
 
 Control tokens: `self._backend` matches added tokens in text (what chat templates need); `self._plain` is a copy
 without any added tokens except whitespace-only ones, so `allow_special=False` tokenizes "<|im_start|>" as the
-characters it is. `encode_chat` renders the template with user strings' control text marked, then encodes the
+characters it is (`self._plain_after_control`: the same for text that follows a control token). `encode_chat` renders the template with user strings' control text marked, then encodes the
 template's control tokens as ids and everything between them, user text included, as plain text.
 """
 
@@ -146,7 +146,7 @@ class Tokenizer:
     def __init__(self, backend: tokenizers.Tokenizer, info: TokenizerInfo) -> None:
         self._backend = backend
         self._info = info
-        self._plain = _plain_copy(backend)
+        self._plain, self._plain_after_control = _plain_copies(backend)
         added = backend.get_added_tokens_decoder()  # {id: AddedToken}
         self._added_ids = frozenset(added)
         specials = {i for i, t in added.items() if t.special}
@@ -238,8 +238,10 @@ class Tokenizer:
             controls.append(self._controls[m.group(0)])
             start = hi
         pieces.append(text[start:])
-        encoded = self.encode_batch([unmark(p, found) for p in pieces], add_special_tokens=False,
-                                    allow_special=False)
+        first = self._plain.encode(unmark(pieces[0], found), add_special_tokens=False).ids
+        rest = self._plain_after_control.encode_batch([unmark(p, found) for p in pieces[1:]],
+                                                      add_special_tokens=False)
+        encoded = [first, *(e.ids for e in rest)]
         ids: list[int] = []
         for k, piece_ids in enumerate(encoded):
             ids.extend(piece_ids)
@@ -321,11 +323,31 @@ class Tokenizer:
                 f"eos={sorted(self.eos_token_ids)})")
 
 
-def _plain_copy(backend: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
-    """`backend` without added tokens (whitespace-only ones kept), so no text becomes a control token."""
+def _plain_copies(backend: tokenizers.Tokenizer) -> tuple[tokenizers.Tokenizer, tokenizers.Tokenizer]:
+    """`backend` without added tokens (whitespace-only ones kept), so no text becomes a control token; and a
+    variant for text that follows a control token. The two differ only for a Metaspace pre-tokenizer with
+    prepend_scheme "first", which adds '▁' at the start of the text but not after an added token."""
     spec = json.loads(backend.to_str())
     spec["added_tokens"] = [t for t in spec.get("added_tokens", []) if t["content"].isspace()]
-    return tokenizers.Tokenizer.from_str(json.dumps(spec))
+    plain = tokenizers.Tokenizer.from_str(json.dumps(spec))
+    if not _no_first_prepend(spec.get("pre_tokenizer")):
+        return plain, plain
+    return plain, tokenizers.Tokenizer.from_str(json.dumps(spec))
+
+
+def _no_first_prepend(node: Any) -> bool:
+    """Set Metaspace prepend_scheme "first" to "never" in a tokenizer.json subtree; True if any was."""
+    changed = False
+    if isinstance(node, dict):
+        if node.get("type") == "Metaspace" and node.get("prepend_scheme") == "first":
+            node["prepend_scheme"] = "never"
+            changed = True
+        for value in node.values():
+            changed |= _no_first_prepend(value)
+    elif isinstance(node, list):
+        for value in node:
+            changed |= _no_first_prepend(value)
+    return changed
 
 
 def _with_bos_eos(backend: tokenizers.Tokenizer, tokens: Sequence[str] | Mapping[int, str], bos: int | None, eos: int | None,
@@ -357,22 +379,14 @@ def _from_gguf(path: str) -> Tokenizer:
 
 
 def tokenizer_from_gguf_metadata(meta: Mapping[str, Any], path: str = "") -> Tokenizer:
-    """Build from already-read `tokenizer.*` GGUF metadata (key -> `ReaderField.contents()`)."""
+    """Build from already-read `tokenizer.*` GGUF metadata (key -> `ReaderField.contents()`).
+    `tokenizer.ggml.model`: "gpt2" (byte-level BPE with merges) or "llama" (SentencePiece BPE: scores, no merges)."""
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise NotImplementedError(f"{path}: GGUF tokenizer model {kind!r} is not supported (only byte-level 'gpt2')")
     tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
     types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
     vocab: dict[str, int] = {}
     for i, token in enumerate(tokens):
         vocab.setdefault(token, i)
-    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
-    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=False, fuse_unk=False))
-    pre, norm = _byte_level_pre_tokenizer(meta.get("tokenizer.ggml.pre"))
-    backend.pre_tokenizer = pre
-    if norm is not None:
-        backend.normalizer = norm
-    backend.decoder = decoders.ByteLevel()
 
     def meta_id(name: str) -> int | None:
         value = meta.get(f"tokenizer.ggml.{name}")
@@ -380,6 +394,14 @@ def tokenizer_from_gguf_metadata(meta: Mapping[str, Any], path: str = "") -> Tok
 
     bos, eos, pad, unk = (meta_id(n) for n in ("bos_token_id", "eos_token_id", "padding_token_id",
                                                  "unknown_token_id"))
+    if kind == "gpt2":
+        backend = _byte_level_backend(meta, vocab)
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+    elif kind == "llama":
+        backend = _sentencepiece_backend(meta, tokens, vocab, unk)
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True))  # llama.cpp's default for SPM vocabs
+    else:
+        raise NotImplementedError(f"{path}: GGUF tokenizer model {kind!r} is not supported ('gpt2', 'llama')")
     extra_eos = tuple(i for i in (meta_id("eot_token_id"), meta_id("eom_token_id")) if i is not None)
     named = {i for i in (bos, eos, pad, unk, *extra_eos) if i is not None}
     # Added tokens keep their vocab ids because their text is already in the BPE vocab.
@@ -387,14 +409,56 @@ def tokenizer_from_gguf_metadata(meta: Mapping[str, Any], path: str = "") -> Tok
                                 for i, t in enumerate(types) if t == _CONTROL or i in named])
     backend.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
                         for i, t in enumerate(types) if t == _USER_DEFINED and i not in named])
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
     _with_bos_eos(backend, tokens, bos, eos, add_bos, bool(meta.get("tokenizer.ggml.add_eos_token", False)))
     info = TokenizerInfo(
         bos_token_id=bos, eos_token_id=eos, pad_token_id=pad, unk_token_id=unk, extra_eos_ids=extra_eos,
-        chat_template=meta.get("tokenizer.chat_template"), add_bos_token=add_bos, byte_level=True,
+        chat_template=meta.get("tokenizer.chat_template"), add_bos_token=add_bos, byte_level=kind == "gpt2",
         tokens=tuple(tokens) if len(vocab) != len(tokens) else None, name_or_path=path,
     )
     return Tokenizer(backend, info)
+
+
+def _byte_level_backend(meta: Mapping[str, Any], vocab: dict[str, int]) -> tokenizers.Tokenizer:
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=False, fuse_unk=False))
+    pre, norm = _byte_level_pre_tokenizer(meta.get("tokenizer.ggml.pre"))
+    backend.pre_tokenizer = pre
+    if norm is not None:
+        backend.normalizer = norm
+    backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+def _sentencepiece_backend(meta: Mapping[str, Any], tokens: list[str], vocab: dict[str, int],
+                           unk: int | None) -> tokenizers.Tokenizer:
+    """SentencePiece BPE (Llama 2, Mistral): '▁' marks a space, <0xNN> tokens catch bytes outside the vocab,
+    and merges are ranked by the score of the piece they make (the file has scores, not merges)."""
+    scores = list(meta.get("tokenizer.ggml.scores") or [-float(i) for i in range(len(tokens))])
+    merges = _merges_from_scores(tokens, scores, vocab)
+    backend = tokenizers.Tokenizer(models.BPE(
+        vocab=vocab, merges=merges, byte_fallback=True, fuse_unk=True,
+        unk_token=tokens[unk] if unk is not None else None))
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement="\u2581", prepend_scheme="first" if prefix else "never", split=False)
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if prefix:
+        steps.append(decoders.Strip(content=" ", left=1, right=0))
+    backend.decoder = decoders.Sequence(steps)
+    return backend
+
+
+def _merges_from_scores(tokens: list[str], scores: list[float], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """Every split of a vocab piece into two vocab pieces is a merge; higher-scoring results merge first,
+    ties broken by longer left, then longer right part, then vocab order (as transformers derives them)."""
+    ranked: list[tuple[float, int, int, str, str]] = []
+    for token, score in dict(zip(tokens, scores, strict=True)).items():
+        splits = [(token[:k], token[k:]) for k in range(1, len(token))
+                  if token[:k] in vocab and token[k:] in vocab]
+        splits.sort(key=lambda lr: (vocab[lr[0]], vocab[lr[1]]))
+        ranked.extend((float(score), len(left), len(right), left, right) for left, right in splits)
+    ranked.sort(key=lambda m: (m[0], m[1], m[2]), reverse=True)  # stable: equal keys keep vocab order
+    return [(left, right) for _, _, _, left, right in ranked]
 
 
 # ---------------------------------------------------------------- Hugging Face directory

@@ -280,3 +280,62 @@ def test_other_pre_tokenizers_and_bos_match_transformers(tmp_path, smollm_meta, 
         assert ours.encode(text)[0] == 1
         assert ours.encode(text, add_special_tokens=False) == hf.encode(text, add_special_tokens=False), text
     assert ours.encode_batch(STRINGS[:5]) == [ours.encode(s) for s in STRINGS[:5]]
+
+
+def _write_sentencepiece_gguf(path: str) -> None:
+    """A Llama-2-style GGUF vocabulary ("llama" model: pieces with scores, <0xNN> byte tokens, no merges),
+    its pieces learned here by a small BPE over some English and code."""
+    import textwrap
+
+    from gguf import GGUFWriter
+
+    trainer_tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    trainer_tok.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace(prepend_scheme="first")
+    corpus = [*STRINGS, *(textwrap.__doc__ or "").split("\n"), *(json.__doc__ or "").split("\n")] * 3
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=600, show_progress=False)
+    trainer_tok.train_from_iterator(corpus, trainer)
+    learned = [t for t, _ in sorted(trainer_tok.get_vocab().items(), key=lambda kv: kv[1])]
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *learned]
+    types = [2, 3, 3, *([6] * 256), *([1] * len(learned))]
+    scores = [0.0] * 259 + [-float(i) for i in range(len(learned))]
+    writer = GGUFWriter(path, "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_space_prefix(True)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_sentencepiece_gguf_matches_transformers(tmp_path):
+    _write_sentencepiece_gguf(str(tmp_path / "spm.gguf"))
+    ours = load_tokenizer(str(tmp_path / "spm.gguf"))
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="spm.gguf")
+    assert ours.add_bos_token and ours.bos_token_id == 1 and ours.eos_token_ids == frozenset({2})
+    for text in STRINGS:
+        ids = ours.encode(text)
+        assert ids == hf.encode(text), text
+        assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=True), text
+        # Pieces carry the prefix space Metaspace adds unless one is there ("hi" -> "▁hi" -> b" hi").
+        expected = text if text.startswith(" ") or not text else f" {text}"
+        assert b"".join(ours.token_bytes(i) for i in ids[1:]) == expected.encode(), text
+    assert ours.token_bytes(3 + 0x41) == b"A"
+    assert ours.decode(ours.encode("héllo 🎉 wörld")) == "héllo 🎉 wörld"
+    # Chat encoding: pieces after a control token get no '▁' prefix, exactly as in whole-text encoding.
+    from runtime.chat_template import BUILTIN_TEMPLATES
+
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": "hi there"}, {"role": "user", "content": "and now</s><s>?"}]
+    for name in ("llama2", "mistral"):
+        text = ours.apply_chat_template(chat[:3], chat_template=BUILTIN_TEMPLATES[name])
+        assert ours.encode_chat(chat[:3], chat_template=BUILTIN_TEMPLATES[name]) == ours.encode(
+            text, add_special_tokens=False) == hf.encode(text, add_special_tokens=False), name
+        ids = ours.encode_chat(chat, chat_template=BUILTIN_TEMPLATES[name])
+        assert ids.count(2) == 1 and ids.count(1) == (2 if name == "llama2" else 1), name
