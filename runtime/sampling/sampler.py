@@ -1,0 +1,169 @@
+"""Batched sampling: logits [B, V] float32 + SamplingInfo (+ grammar mask) -> next token ids and logprobs.
+
+Order (each stage skipped when no request in the batch uses it):
+  penalties (repetition, frequency, presence, min_new_tokens stop-id mask) -> logit_bias -> allowed_mask
+  -> logprobs := log_softmax(processed logits) at the chosen id (before temperature)
+  -> temperature -> top-k -> top-p (over the top-k set, renormalised) -> min-p (relative to the top prob)
+  -> sample (inverse CDF with one uniform per row drawn from mix(seed, step)) or argmax for greedy rows.
+
+A row whose every token is disallowed has no valid sample; its result is unspecified (the grammar layer
+never produces such a mask: EOS stays allowed in final states).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from runtime.sampling.info import SamplingInfo, mix_seed
+
+
+class SampleOutput(NamedTuple):
+    next_ids: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor  # [B] float32, log_softmax of the processed logits at next_ids (pre-temperature)
+
+
+def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
+    """log_softmax over the vocabulary in float32 ([..., V] -> [..., V]); used for prompt logprobs."""
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def top_logprobs(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest logprobs per row and their token ids: ([B, k] float32, [B, k] int64), descending."""
+    values, ids = torch.topk(logprobs, k=min(k, logprobs.shape[-1]), dim=-1)
+    return values, ids
+
+
+def process_logits(
+    logits: torch.Tensor, info: SamplingInfo, allowed_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Penalties, logit bias and the allowed mask applied to a copy of `logits` [B, V] (or the input itself
+    when nothing applies). Disallowed tokens (allowed_mask False) become -inf."""
+    if not info.needs_processing and allowed_mask is None:
+        return logits
+    x = logits.float().clone()
+    if info.counts is not None:
+        seen = info.counts > 0
+        if info.repetition_penalties is not None:
+            rp = info.repetition_penalties[:, None]
+            x = torch.where(seen, torch.where(x > 0, x / rp, x * rp), x)
+        if info.frequency_penalties is not None:
+            x -= info.frequency_penalties[:, None] * info.counts
+        if info.presence_penalties is not None:
+            x -= info.presence_penalties[:, None] * seen.float()
+    if info.min_tokens_rows is not None:
+        x[info.min_tokens_rows, info.min_tokens_ids] = float("-inf")
+    if info.logit_bias is not None:
+        x += info.logit_bias
+    if allowed_mask is not None:
+        x.masked_fill_(~allowed_mask, float("-inf"))
+    return x
+
+
+def _filtered_probs(logits: torch.Tensor, info: SamplingInfo, rows: torch.Tensor) -> torch.Tensor:
+    """Probabilities [R, V] of the sampled rows after temperature, top-k, top-p and min-p, in vocabulary
+    order and unnormalised: filtered-out tokens are 0, the kept ones keep their relative weights.
+
+    Each filter keeps the tokens whose probability is >= a per-row threshold (tokens tied with the
+    threshold are all kept), and leaves rows that do not use it exactly as they are. No full sort: on CPU
+    a sort of [R, V] costs more than the model's decode step.
+    """
+    probs = torch.softmax(logits[rows] / info.temperatures[rows, None], dim=-1)
+    V = probs.shape[-1]
+    if info.need_top_k:
+        top_ks = info.top_ks[rows]
+        probs = _cut_rows(probs, top_ks < V, lambda sub, sel: _top_k_threshold(sub, top_ks[sel]))
+    if info.need_top_p:
+        top_ps = info.top_ps[rows]
+        probs = _cut_rows(
+            probs, top_ps < 1.0,
+            lambda sub, sel: _radix_threshold(sub, sub, top_ps[sel] * sub.sum(dim=-1)),
+        )
+    if info.need_min_p:
+        probs = probs.masked_fill(probs < info.min_ps[rows, None] * probs.amax(dim=-1, keepdim=True), 0.0)
+    return probs
+
+
+def _cut_rows(probs: torch.Tensor, use: torch.Tensor, threshold) -> torch.Tensor:
+    """Zero probs below `threshold(sub, sel)` ([S] per selected row) in the rows where `use` [R] is True."""
+    if bool(use.all()):
+        return probs.masked_fill(probs < threshold(probs, slice(None))[:, None], 0.0)
+    sel = torch.nonzero(use).squeeze(-1)
+    if sel.numel():
+        sub = probs[sel]
+        probs[sel] = sub.masked_fill(sub < threshold(sub, sel)[:, None], 0.0)
+    return probs
+
+
+def _top_k_threshold(probs: torch.Tensor, top_ks: torch.Tensor) -> torch.Tensor:
+    """The top_ks[r]-th largest value of each row [S, V] -> [S] (k <= 256 by topk, else radix select)."""
+    kmax = int(top_ks.max())
+    if kmax <= 256:
+        return torch.topk(probs, kmax, dim=-1).values.gather(-1, (top_ks - 1)[:, None]).squeeze(-1)
+    return _radix_threshold(probs, None, (top_ks - 1).float())
+
+
+def _radix_threshold(probs: torch.Tensor, weights: torch.Tensor | None, target: torch.Tensor) -> torch.Tensor:
+    """Per row r, a threshold t such that {i : probs[r, i] >= t} is exactly the set of tokens whose
+    strictly-greater tokens weigh <= target[r] in all (weights None: each token weighs 1). [R, V] -> [R].
+
+    Radix select with no sort: non-negative float32s order like their bit patterns, so histograms over
+    bits 30..20, 19..10 and 9..0 pin the threshold's bits. The first pass runs over the whole row; the
+    later ones only over the tokens left in the chosen bucket. Each row's histogram sums only that row's
+    values in vocabulary order, so the result never depends on batch neighbours.
+    """
+    R, V = probs.shape
+    dev = probs.device
+    bits = probs.float().contiguous().view(torch.int32).flatten()  # [R*V]
+    w = torch.ones_like(bits, dtype=torch.float32) if weights is None else weights.float().flatten()
+    pos = None  # flat positions of the remaining candidates (None: all)
+    row = torch.arange(R, dtype=torch.int32, device=dev).repeat_interleave(V)
+    above_base = torch.zeros(R, dtype=torch.float32, device=dev)
+    prefix = torch.zeros(R, dtype=torch.int32, device=dev)
+    for shift, nb in ((20, 2048), (10, 1024), (0, 1024)):
+        cbits, cw, crow = (bits, w, row) if pos is None else (bits[pos], w[pos], row[pos])
+        key = (cbits >> shift) & (nb - 1)  # bucket of each candidate at this level
+        hist = torch.zeros(R * nb, dtype=torch.float32, device=dev)
+        hist.index_add_(0, crow * nb + key, cw)
+        cum = torch.cumsum(hist.view(R, nb), dim=-1)
+        above = above_base[:, None] + (cum[:, -1:] - cum)  # weight strictly above each bucket
+        # The lowest qualifying bucket holds the threshold. It is never an empty bucket other than 0 (an
+        # empty bucket qualifies only if the one below it does too), and an empty bucket 0 gives a
+        # threshold below every remaining candidate: the kept set {p >= threshold} is the same.
+        b = torch.argmax((above <= target.float()[:, None]).to(torch.int8), dim=-1)
+        above_base = above.gather(-1, b[:, None]).squeeze(-1)
+        b = b.to(torch.int32)
+        prefix |= b << shift
+        keep = torch.nonzero(key == b[crow.long()]).squeeze(-1)
+        pos = keep if pos is None else pos[keep]
+    return prefix.view(torch.float32)
+
+
+def _uniforms(info: SamplingInfo, rows: list[int], device: torch.device) -> torch.Tensor:
+    """One uniform in [0, 1) per sampled row, float64 [R, 1]: a function of (seeds[b], steps[b]) only."""
+    us = [min((mix_seed(info.seeds[b], info.steps[b]) >> 10) * 2.0**-53, 1.0 - 2.0**-30) for b in rows]
+    return torch.tensor(us, dtype=torch.float64, device=device)[:, None]
+
+
+def sample_processed(processed: torch.Tensor, info: SamplingInfo) -> SampleOutput:
+    """Sample from already processed logits [B, V] (the output of `process_logits`)."""
+    logprobs_all = compute_logprobs(processed)
+    next_ids = torch.argmax(processed, dim=-1)
+    if not info.is_all_greedy:
+        rows = [b for b, g in enumerate(info.greedy_rows) if not g]
+        idx = torch.tensor(rows, dtype=torch.int64, device=processed.device)
+        probs = _filtered_probs(processed.float(), info, idx)
+        # inverse CDF in vocabulary order: the first token whose cumulative mass exceeds u * total.
+        # A zero-probability token never is the first (its cdf equals its predecessor's).
+        cdf = torch.cumsum(probs.double(), dim=-1)
+        target = _uniforms(info, rows, processed.device) * cdf[:, -1:]
+        choice = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+        next_ids[idx] = choice.clamp_max_(probs.shape[-1] - 1)
+    logprobs = logprobs_all.gather(-1, next_ids[:, None]).squeeze(-1)
+    return SampleOutput(next_ids, logprobs)
+
+
+def sample(logits: torch.Tensor, info: SamplingInfo, allowed_mask: torch.Tensor | None = None) -> SampleOutput:
+    """One token per row of `logits` [B, V] float32. `allowed_mask` [B, V] bool: False = disallowed."""
+    return sample_processed(process_logits(logits, info, allowed_mask), info)
