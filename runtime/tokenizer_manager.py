@@ -104,6 +104,33 @@ class ReqState:
         return self.text[:self.streamed]
 
 
+class RequestHandle:
+    """One submitted prompt (n samples). Iterate it for result dicts; leaving early aborts what is left."""
+
+    def __init__(self, tm: TokenizerManager, states: list[ReqState], sink: asyncio.Queue) -> None:
+        self._tm, self.states, self._sink = tm, states, sink
+        self.rids = [st.rid for st in states]
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        done = 0
+        try:
+            while done < len(self.states):
+                st = await self._sink.get()
+                st.queued = False
+                if st.error:
+                    raise RequestError(st.error, None, "server_unavailable", 503, "server_error")
+                done += st.finished
+                yield self._tm.result(st)
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Abort every sample not finished yet (idempotent)."""
+        for st in self.states:
+            if not st.finished:
+                self._tm._abort_state(st)
+
+
 class TokenizerManager:
     def __init__(self, cfg: Config, tokenizer: Any, endpoints: Endpoints, info: ModelInfo,
                  stats: StatsSink | None = None, abort_confirm_timeout: float = 30.0) -> None:
@@ -139,18 +166,31 @@ class TokenizerManager:
 
     # ------------------------------------------------------------ generate
 
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[dict[str, Any]]:
-        """Yield state dicts for one prompt's n samples (each with `index`) until all have finished."""
+    def submit(self, req: GenerateRequest) -> RequestHandle:
+        """Validate (RequestError on bad input), send the request's n samples to the scheduler, and return
+        a handle to iterate. Nothing is sent when validation fails."""
+        return self.submit_many([req])[0]
+
+    def submit_many(self, reqs: list[GenerateRequest]) -> list[RequestHandle]:
+        """Like `submit` for a batch: all are validated before any is sent."""
         if self.failed:
             raise RequestError(self.failed, None, "server_unavailable", 503, "server_error")
-        sp, input_ids = self._validate(req)
-        base = req.rid or uuid.uuid4().hex
-        rids = [base] if sp.n == 1 else [f"{base}_{i}" for i in range(sp.n)]
-        if any(r in self._states for r in rids):
-            raise RequestError(f"rid {base!r} is already in use", "rid")
-        if len(self._states) + len(rids) > self.max_outstanding:
+        prepared = [(req, *self._validate(req)) for req in reqs]
+        rids_of = []
+        for req, sp, _ in prepared:
+            base = req.rid or uuid.uuid4().hex
+            rids = [base] if sp.n == 1 else [f"{base}_{i}" for i in range(sp.n)]
+            if any(r in self._states for r in rids) or any(r in done for done in rids_of for r in rids):
+                raise RequestError(f"rid {base!r} is already in use", "rid")
+            rids_of.append(rids)
+        total = sum(len(r) for r in rids_of)
+        if len(self._states) + total > self.max_outstanding:
             raise RequestError("the server is overloaded: waiting queue full, retry later", None,
                                "server_overloaded", 503, "server_error", {"Retry-After": "1"})
+        return [self._send_one(req, sp, ids, rids) for (req, sp, ids), rids in zip(prepared, rids_of, strict=True)]
+
+    def _send_one(self, req: GenerateRequest, sp: SamplingParams, input_ids: list[int],
+                  rids: list[str]) -> RequestHandle:
         sink: asyncio.Queue[ReqState] = asyncio.Queue()
         states = []
         for i, rid in enumerate(rids):
@@ -164,19 +204,13 @@ class TokenizerManager:
                 logprob_start_len=req.logprob_start_len if req.return_logprob else -1,
                 top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,
                 stream=req.stream, input_text=req.text))
-        done = 0
-        try:
-            while done < len(states):
-                st = await sink.get()
-                st.queued = False
-                if st.error:
-                    raise RequestError(st.error, None, "server_unavailable", 503, "server_error")
-                done += st.finished
-                yield self.result(st)
-        finally:
-            for st in states:
-                if not st.finished:
-                    self._abort_state(st)
+        return RequestHandle(self, states, sink)
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[dict[str, Any]]:
+        """Yield state dicts for one prompt's n samples (each with `index`) until all have finished:
+        on every update when `req.stream`, else once per finished sample."""
+        async for item in self.submit(req):
+            yield item
 
     def _validate(self, req: GenerateRequest) -> tuple[SamplingParams, list[int]]:
         srv = self.cfg.server

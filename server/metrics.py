@@ -1,0 +1,138 @@
+"""Prometheus metrics in the text exposition format, named like SGLang's under a configurable prefix.
+
+Request timings arrive from the TokenizerManager (`Metrics` is its StatsSink); HTTP outcomes from the app;
+gauges (running, queued, token usage, cache hit rate, retractions, grammar counters) are read from the
+scheduler's internal state at scrape time. Every sample carries the `model_name` label.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import defaultdict
+from typing import Any
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
+
+
+class Histogram:
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)  # last: +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, times: int = 1) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += times
+        self.sum += value * times
+        self.count += times
+
+
+def _labels(d: dict[str, str]) -> str:
+    def esc(v: str) -> str:
+        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in d.items()) + "}"
+
+
+class Metrics:
+    """Counters and histograms of one server process (thread-safe; the Engine has none)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.e2e = Histogram(E2E_BUCKETS)
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.cached_tokens = 0
+        self.requests: dict[str, int] = defaultdict(int)  # finish type -> count
+        self.http: dict[tuple[str, int], int] = defaultdict(int)  # (route, status) -> count
+        self.rejected = 0
+
+    # StatsSink
+    def on_first_token(self, ttft: float) -> None:
+        with self._lock:
+            self.ttft.observe(ttft)
+
+    def on_tokens(self, gap: float, num_tokens: int) -> None:
+        with self._lock:
+            self.itl.observe(gap / max(1, num_tokens), max(1, num_tokens))
+
+    def on_finish(self, e2e: float, prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+                  finish_type: str) -> None:
+        with self._lock:
+            self.e2e.observe(e2e)
+            self.prompt_tokens += prompt_tokens
+            self.generation_tokens += completion_tokens
+            self.cached_tokens += cached_tokens
+            self.requests[finish_type or "unknown"] += 1
+
+    def on_http(self, route: str, status: int) -> None:
+        with self._lock:
+            self.http[(route, status)] += 1
+            if status == 503:
+                self.rejected += 1
+
+    def render(self, prefix: str, model_name: str, state: dict[str, Any] | None) -> str:
+        """The exposition text; `state` is the scheduler's internal state (None if it did not answer)."""
+        p = prefix.rstrip(":") + ":"
+        base = {"model_name": model_name}
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, help_: str, samples: list[tuple[str, dict[str, str], float]]) -> None:
+            lines.append(f"# HELP {p}{name} {help_}")
+            lines.append(f"# TYPE {p}{name} {kind}")
+            for suffix, labels, value in samples:
+                lines.append(f"{p}{name}{suffix}{_labels({**base, **labels})} {value:g}")
+
+        def hist(name: str, help_: str, h: Histogram) -> None:
+            samples, acc = [], 0
+            for bound, c in zip((*h.buckets, float("inf")), h.counts, strict=True):
+                acc += c
+                samples.append(("_bucket", {"le": "+Inf" if bound == float("inf") else f"{bound:g}"}, acc))
+            samples += [("_sum", {}, h.sum), ("_count", {}, h.count)]
+            metric(name, "histogram", help_, samples)
+
+        s = state or {}
+        total = s.get("max_total_num_tokens") or 0
+        used = total - s.get("kv_free_slots", total) - s.get("kv_evictable_slots", 0) if total else 0
+        with self._lock:
+            metric("num_running_reqs", "gauge", "Requests decoding or prefilling.",
+                   [("", {}, s.get("num_running_reqs", 0))])
+            metric("num_queue_reqs", "gauge", "Requests in the waiting queue.", [("", {}, s.get("num_waiting_reqs", 0))])
+            metric("num_used_tokens", "gauge", "KV slots held by running requests.", [("", {}, used)])
+            metric("token_usage", "gauge", "Fraction of KV slots held by running requests.",
+                   [("", {}, used / total if total else 0.0)])
+            metric("cache_hit_rate", "gauge", "Prompt tokens served from the prefix cache / prompt tokens.",
+                   [("", {}, s.get("cache_hit_rate", 0.0))])
+            metric("num_retracted_reqs", "gauge", "Requests retracted to the waiting queue so far.",
+                   [("", {}, s.get("num_retracted_reqs", 0))])
+            for key, help_ in (("num_grammar_total", "Constrained requests."),
+                               ("num_grammar_cache_hit_total", "Grammar cache hits."),
+                               ("num_grammar_timeout_total", "Grammar compiles that timed out.")):
+                metric(key, "counter", help_, [("", {}, s.get(key, 0))])
+            metric("prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
+                   [("", {}, self.prompt_tokens)])
+            metric("generation_tokens_total", "counter", "Generated tokens of finished requests.",
+                   [("", {}, self.generation_tokens)])
+            metric("cached_tokens_total", "counter", "Prompt tokens served from the prefix cache.",
+                   [("", {}, self.cached_tokens)])
+            metric("num_requests_total", "counter", "Finished requests by finish reason.",
+                   [("", {"finish_reason": k}, v) for k, v in sorted(self.requests.items())] or [("", {}, 0)])
+            metric("num_aborted_requests_total", "counter", "Aborted requests.",
+                   [("", {}, self.requests.get("abort", 0))])
+            metric("http_requests_total", "counter", "HTTP responses by route and status.",
+                   [("", {"route": r, "status": str(c)}, v) for (r, c), v in sorted(self.http.items())]
+                   or [("", {}, 0)])
+            metric("num_rejected_requests_total", "counter", "Requests refused with 503 (overload, not ready).",
+                   [("", {}, self.rejected)])
+            hist("time_to_first_token_seconds", "Time to first token.", self.ttft)
+            hist("inter_token_latency_seconds", "Time between output tokens.", self.itl)
+            hist("e2e_request_latency_seconds", "End-to-end request latency.", self.e2e)
+            if "grammar_compilation_time_seconds_sum" in s:
+                metric("grammar_compilation_time_seconds_sum", "counter", "Grammar compile time.",
+                       [("", {}, s["grammar_compilation_time_seconds_sum"])])
+        return "\n".join(lines) + "\n"

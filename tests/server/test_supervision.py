@@ -1,0 +1,103 @@
+"""Process supervision with a model-free scheduler: child death, signals, startup failure, overload."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import time
+
+from tests.server.conftest import alive, descendants
+
+
+def _children(server) -> dict[str, int]:
+    """{'scheduler': pid, 'detokenizer': pid}: children name themselves (/proc/PID/comm)."""
+    out = {}
+    for pid in descendants(server.proc.pid):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        if comm.startswith("rg-"):
+            out[comm.removeprefix("rg-")] = pid
+    return out
+
+
+def _wait_exit(server, timeout: float) -> float:
+    t0 = time.monotonic()
+    server.proc.wait(timeout)
+    return time.monotonic() - t0
+
+
+def _all_gone(pids, timeout: float = 3.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [p for p in pids if alive(p)]
+        if not left:
+            return []
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+def test_scheduler_sigkill_stops_server_nonzero_without_orphans(server_factory):
+    server = server_factory(fake=True).wait_ready()
+    tree = descendants(server.proc.pid)
+    kids = _children(server)
+    assert set(kids) == {"scheduler", "detokenizer"}, (kids, server.output)
+    t0 = time.monotonic()
+    os.kill(kids["scheduler"], signal.SIGKILL)
+    server.proc.wait(5)
+    assert time.monotonic() - t0 < 5
+    assert server.proc.returncode == 1
+    assert "the scheduler process was killed by signal SIGKILL" in server.output
+    assert _all_gone(tree | {server.proc.pid}) == []
+
+
+def test_sigterm_exits_zero_quickly_with_requests_in_flight(server_factory):
+    server = server_factory(fake=True).wait_ready()
+    tree = descendants(server.proc.pid)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        def long_request():
+            with server.client() as c:
+                return c.post("/generate", json={"text": "x y z", "sampling_params": {"max_new_tokens": 1500}})
+
+        futs = [pool.submit(long_request) for _ in range(4)]
+        time.sleep(0.5)
+        server.proc.send_signal(signal.SIGTERM)
+        elapsed = _wait_exit(server, 5)
+        statuses = [f.result().status_code for f in futs]
+    assert elapsed < 5
+    assert server.proc.returncode == 0, server.output
+    assert all(s == 503 for s in statuses), statuses
+    assert _all_gone(tree) == []
+
+
+def test_startup_failure_is_reported_and_exits_nonzero(server_factory):
+    server = server_factory(env={"RADIXGEN_SCHEDULER_FACTORY": "tests.server.fake_scheduler:create_broken"})
+    server.proc.wait(120)
+    assert server.proc.returncode == 1
+    assert "the scheduler process failed to start: RuntimeError: no model here" in server.output
+
+
+def test_waiting_queue_bound_gives_503_with_retry_after(server_factory):
+    server = server_factory("--max-running-requests", "1", "--max-queued-requests", "1", fake=True).wait_ready()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        def long_request():
+            with server.client() as c:
+                return c.post("/generate", json={"text": "a b", "sampling_params": {"max_new_tokens": 300}})
+
+        futs = [pool.submit(long_request) for _ in range(2)]
+        time.sleep(0.5)
+        with server.client() as c:
+            r = c.post("/generate", json={"text": "a b", "sampling_params": {"max_new_tokens": 4}})
+            assert r.status_code == 503
+            assert r.headers["retry-after"] == "1"
+            assert r.json()["error"]["code"] == "server_overloaded"
+        assert [f.result().status_code for f in futs] == [200, 200]
+    # and Ctrl-C (SIGINT) is a clean exit too
+    tree = descendants(server.proc.pid)
+    server.proc.send_signal(signal.SIGINT)
+    assert _wait_exit(server, 5) < 5
+    assert server.proc.returncode == 0
+    assert _all_gone(tree) == []
