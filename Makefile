@@ -24,7 +24,7 @@ serve: setup
 	$(BIN)/radixgen serve --host $(HOST) --port $(PORT)
 
 test: setup
-	$(BIN)/python -m pytest -q -x --durations=15 tests
+	$(BIN)/python -m pytest -q --durations=20 tests
 
 lint: setup
 	$(BIN)/ruff check runtime radix_cache kernels server frontend_lang tests bench

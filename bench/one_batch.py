@@ -1,0 +1,102 @@
+"""One question: how fast is one forward of the engine core, without the scheduler?
+
+Prefill tokens/s for a 512-token prompt and decode tokens/s at batch 1, 8 and 32 (each request holding a
+512-token context), in float32 and bfloat16, median of N runs. Writes bench/results/one_batch.md.
+
+    python bench/one_batch.py [--runs 5] [--dtypes float32 bfloat16] [--device cpu] [--decode-steps 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from runtime.config import make_config  # noqa: E402
+from runtime.model_runner import create_model_runner  # noqa: E402
+from runtime.offline import OfflineBatch  # noqa: E402
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench_prefill(runner, prompt_len: int, device: str) -> float:
+    ids = [(i * 7919) % 40000 + 100 for i in range(prompt_len)]
+    batch = OfflineBatch(runner, [ids])
+    try:
+        t = time.perf_counter()
+        batch.extend([ids])
+        _sync(device)
+        return prompt_len / (time.perf_counter() - t)
+    finally:
+        batch.release()
+
+
+def bench_decode(runner, bs: int, ctx: int, steps: int, device: str) -> float:
+    prompts = [[(i * 31 + b * 977) % 40000 + 100 for i in range(ctx)] for b in range(bs)]
+    batch = OfflineBatch(runner, prompts)
+    try:
+        batch.extend(prompts)
+        nxt = [[1] for _ in range(bs)]
+        batch.extend(nxt, is_decode=True)  # warm-up step
+        _sync(device)
+        t = time.perf_counter()
+        for _ in range(steps):
+            batch.extend(nxt, is_decode=True)
+        _sync(device)
+        return bs * steps / (time.perf_counter() - t)
+    finally:
+        batch.release()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--decode-steps", type=int, default=16)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "one_batch.md"))
+    args = ap.parse_args()
+    rows = []
+    for dtype in args.dtypes:
+        cfg = make_config(dtype=dtype, device=args.device, max_total_tokens=(args.prompt_len + 64) * 34,
+                          max_running_requests=40, chunked_prefill_size=-1)
+        runner = create_model_runner(cfg, progress=False)
+        bench_prefill(runner, 64, args.device)  # warm-up
+        pre = [bench_prefill(runner, args.prompt_len, args.device) for _ in range(args.runs)]
+        row = {"dtype": dtype, "prefill": statistics.median(pre)}
+        for bs in args.batch_sizes:
+            dec = [bench_decode(runner, bs, args.prompt_len, args.decode_steps, args.device) for _ in range(args.runs)]
+            row[f"decode_bs{bs}"] = statistics.median(dec)
+        rows.append(row)
+        print(row, flush=True)
+        del runner
+    head = ["dtype", f"prefill tok/s ({args.prompt_len})"] + [f"decode tok/s bs={b}" for b in args.batch_sizes]
+    lines = ["# bench/one_batch.py", "",
+             f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+             f"threads {torch.get_num_threads()}, device {args.device}. Median of {args.runs} runs; decode "
+             f"requests each hold a {args.prompt_len}-token context.", "",
+             "Command: `python bench/one_batch.py " + " ".join(sys.argv[1:]) + "`", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        vals = [r["dtype"], f"{r['prefill']:.0f}"] + [f"{r[f'decode_bs{b}']:.1f}" for b in args.batch_sizes]
+        lines.append("| " + " | ".join(vals) + " |")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
