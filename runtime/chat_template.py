@@ -216,21 +216,20 @@ def render_chat_template(
     continue_final = bool(kwargs.pop("continue_final_message", False))
     if continue_final and add_generation_prompt:
         raise ValueError("continue_final_message and add_generation_prompt cannot both be set")
-    chat = plain_data(list(messages))
-    for message in chat:
-        if not isinstance(message, dict):
-            raise TypeError(f"chat messages must be dicts, got {message!r}")
+    chat = [_normalize_message(m) for m in plain_data(list(messages))]
     # A tag appended to the final message's text marks where the prompt must end.
     tag = "\U000f0010CONTINUE\U000f0010"
     if continue_final:
         if not chat or not isinstance(chat[-1].get("content"), str):
             raise ValueError("continue_final_message needs a final message with string content")
         chat[-1]["content"] += tag
+    documents = plain_data(kwargs.pop("documents", None))
     variables = {key: value for key, value in (special_tokens or {}).items() if value is not None}
     variables.update(plain_data(kwargs))
     try:
         text = compile_template(template).render(
-            messages=chat, tools=plain_data(tools), add_generation_prompt=add_generation_prompt, **variables
+            messages=chat, tools=plain_data(tools), documents=documents,
+            add_generation_prompt=add_generation_prompt, **variables
         )
     except TemplateError:
         raise
@@ -242,6 +241,21 @@ def render_chat_template(
             raise ValueError("continue_final_message: the template dropped the final message")
         text = text[:at]
     return text
+
+
+_REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _normalize_message(message: Any) -> dict:
+    """As HF does before rendering: drop keys whose value is None (APIs send `content: null`, templates expect
+    the key absent), and expose a message's reasoning under both `reasoning_content` and `thinking`."""
+    if not isinstance(message, dict):
+        raise TypeError(f"chat messages must be dicts, got {message!r}")
+    message = {k: v for k, v in message.items() if v is not None}
+    reasoning = next((message[k] for k in _REASONING_KEYS if k in message), None)
+    if reasoning is not None:
+        message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+    return message
 
 
 # ---------------------------------------------------------------- control-token marking

@@ -242,3 +242,39 @@ def test_encode_chat_with_stripping_added_tokens(tmp_path, hf):
         assert tok.encode_chat(chat) == tok.encode(text, add_special_tokens=False)
     assert tok.encode("a  <|im_end|>\n b", add_special_tokens=False) == tok.encode("a<|im_end|>b",
                                                                                   add_special_tokens=False)
+
+
+@needs_model
+def test_custom_template_features_match_transformers(ours, hf):
+    template = (
+        "{%- set ns = namespace(n=0) -%}\n"
+        "{%- if tools %}TOOLS {{ tools | tojson }}\n{% endif -%}\n"
+        "{%- if documents is none %}NODOCS\n{% else %}DOCS {{ documents | length }}\n{% endif -%}\n"
+        "{%- for m in messages %}\n"
+        "  {%- if m['role'] == 'skip' %}{% continue %}{% endif %}\n"
+        "  {%- set ns.n = ns.n + 1 %}\n"
+        "  [{{ ns.n }}:{{ m['role'] }}]\n"
+        "  {%- if 'content' in m %} {{ m['content'] }}{% else %} (no content){% endif %}\n"
+        "  {%- if m.reasoning_content is defined %} <think>{{ m.reasoning_content }}|{{ m.thinking }}</think>"
+        "{% endif %}\n"
+        "  {%- for call in m.get('tool_calls', []) %} CALL {{ call['function'] | tojson(indent=1) }}{% endfor %}\n"
+        "  {%- if m['role'] == 'stop' %}{% break %}{% endif %}\n"
+        "{% endfor -%}\n"
+        "{{ bos_token }}|{{ eos_token }}|{{ flag | default('noflag') }}"
+        "{% if add_generation_prompt %}<GEN>{% endif %}"
+    )
+    chat = [
+        {"role": "system", "content": "sys é <b>"},
+        {"role": "skip", "content": "hidden"},
+        {"role": "assistant", "content": None, "reasoning": "hmm",
+         "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"x": [1, "ü"]}}}]},
+        {"role": "stop", "content": "last"},
+        {"role": "user", "content": "after stop"},
+    ]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for kwargs in ({}, {"tools": tools}, {"documents": [{"title": "t", "text": "x"}], "flag": "on"}):
+        for gen in (True, False):
+            expected = hf.apply_chat_template(chat, chat_template=template, tokenize=False,
+                                              add_generation_prompt=gen, **kwargs)
+            assert ours.apply_chat_template(chat, add_generation_prompt=gen, chat_template=template,
+                                            **kwargs) == expected
