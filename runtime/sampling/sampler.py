@@ -69,7 +69,10 @@ def _filtered_probs(logits: torch.Tensor, info: SamplingInfo, rows: torch.Tensor
     threshold are all kept), and leaves rows that do not use it exactly as they are. No full sort: on CPU
     a sort of [R, V] costs more than the model's decode step.
     """
-    probs = torch.softmax(logits[rows] / info.temperatures[rows, None], dim=-1)
+    if rows.numel() == logits.shape[0]:  # every row samples: no gather
+        probs = torch.softmax(logits / info.temperatures[:, None], dim=-1)
+    else:
+        probs = torch.softmax(logits[rows] / info.temperatures[rows, None], dim=-1)
     V = probs.shape[-1]
     if info.need_top_k:
         top_ks = info.top_ks[rows]
@@ -81,14 +84,15 @@ def _filtered_probs(logits: torch.Tensor, info: SamplingInfo, rows: torch.Tensor
             lambda sub, sel: _radix_threshold(sub, sub, top_ps[sel] * sub.sum(dim=-1)),
         )
     if info.need_min_p:
-        probs = probs.masked_fill(probs < info.min_ps[rows, None] * probs.amax(dim=-1, keepdim=True), 0.0)
+        probs.masked_fill_(probs < info.min_ps[rows, None] * probs.amax(dim=-1, keepdim=True), 0.0)
     return probs
 
 
 def _cut_rows(probs: torch.Tensor, use: torch.Tensor, threshold) -> torch.Tensor:
-    """Zero probs below `threshold(sub, sel)` ([S] per selected row) in the rows where `use` [R] is True."""
+    """Zero probs below `threshold(sub, sel)` ([S] per selected row) in the rows where `use` [R] is True.
+    Works in place on `probs` (a fresh tensor owned by the sampler)."""
     if bool(use.all()):
-        return probs.masked_fill(probs < threshold(probs, slice(None))[:, None], 0.0)
+        return probs.masked_fill_(probs < threshold(probs, slice(None))[:, None], 0.0)
     sel = torch.nonzero(use).squeeze(-1)
     if sel.numel():
         sub = probs[sel]
@@ -115,29 +119,46 @@ def _radix_threshold(probs: torch.Tensor, weights: torch.Tensor | None, target: 
     """
     R, V = probs.shape
     dev = probs.device
-    bits = probs.float().contiguous().view(torch.int32).flatten()  # [R*V]
-    w = torch.ones_like(bits, dtype=torch.float32) if weights is None else weights.float().flatten()
-    pos = None  # flat positions of the remaining candidates (None: all)
-    row = torch.arange(R, dtype=torch.int32, device=dev).repeat_interleave(V)
+    bits = probs.float().contiguous().view(torch.int32)  # [R, V], non-negative
+    if weights is None:
+        w = torch.ones(1, dtype=torch.float32, device=dev).expand(R * V)
+    else:
+        w = weights.float().contiguous().view(-1)
+    target = target.float()
+    # level 1 over the whole rows: bits 30..20 (the exponent and 3 mantissa bits)
+    key = bits >> 20
+    hist = torch.zeros(R * 2048, dtype=torch.float32, device=dev)
+    offs = torch.arange(0, R * 2048, 2048, dtype=torch.int32, device=dev)
+    hist.index_add_(0, (key + offs[:, None]).view(-1), w)
     above_base = torch.zeros(R, dtype=torch.float32, device=dev)
-    prefix = torch.zeros(R, dtype=torch.int32, device=dev)
-    for shift, nb in ((20, 2048), (10, 1024), (0, 1024)):
-        cbits, cw, crow = (bits, w, row) if pos is None else (bits[pos], w[pos], row[pos])
-        key = (cbits >> shift) & (nb - 1)  # bucket of each candidate at this level
-        hist = torch.zeros(R * nb, dtype=torch.float32, device=dev)
-        hist.index_add_(0, crow * nb + key, cw)
-        cum = torch.cumsum(hist.view(R, nb), dim=-1)
-        above = above_base[:, None] + (cum[:, -1:] - cum)  # weight strictly above each bucket
-        # The lowest qualifying bucket holds the threshold. It is never an empty bucket other than 0 (an
-        # empty bucket qualifies only if the one below it does too), and an empty bucket 0 gives a
-        # threshold below every remaining candidate: the kept set {p >= threshold} is the same.
-        b = torch.argmax((above <= target.float()[:, None]).to(torch.int8), dim=-1)
-        above_base = above.gather(-1, b[:, None]).squeeze(-1)
-        b = b.to(torch.int32)
-        prefix |= b << shift
-        keep = torch.nonzero(key == b[crow.long()]).squeeze(-1)
-        pos = keep if pos is None else pos[keep]
+    b, above_base = _pick_bucket(hist.view(R, 2048), above_base, target)
+    prefix = b.to(torch.int32) << 20
+    pos = torch.nonzero((key == prefix[:, None] >> 20).view(-1)).squeeze(-1)  # flat candidates
+    crow = pos // V
+    cbits, cw = bits.view(-1)[pos], w[pos]
+    # levels 2 and 3 over the candidates left in the chosen bucket only
+    for shift in (10, 0):
+        ckey = (cbits >> shift) & 1023
+        hist = torch.zeros(R * 1024, dtype=torch.float32, device=dev)
+        hist.index_add_(0, crow * 1024 + ckey, cw)
+        b, above_base = _pick_bucket(hist.view(R, 1024), above_base, target)
+        prefix |= b.to(torch.int32) << shift
+        keep = ckey == b[crow]
+        cbits, cw, crow = cbits[keep], cw[keep], crow[keep]
     return prefix.view(torch.float32)
+
+
+def _pick_bucket(
+    hist: torch.Tensor, above_base: torch.Tensor, target: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lowest bucket b [R] whose strictly-higher buckets (plus `above_base`) weigh <= target, and
+    that weight [R]. It is never an empty bucket other than 0 (an empty bucket qualifies only if the one
+    below it does too), and an empty bucket 0 yields a threshold below every remaining candidate, which
+    keeps the same set {p >= threshold}."""
+    cum = torch.cumsum(hist, dim=-1)
+    above = above_base[:, None] + (cum[:, -1:] - cum)  # weight strictly above each bucket
+    b = torch.argmax((above <= target[:, None]).to(torch.int8), dim=-1)
+    return b, above.gather(-1, b[:, None]).squeeze(-1)
 
 
 def _uniforms(info: SamplingInfo, rows: list[int], device: torch.device) -> torch.Tensor:
@@ -156,7 +177,7 @@ def sample_processed(processed: torch.Tensor, info: SamplingInfo) -> SampleOutpu
         probs = _filtered_probs(processed.float(), info, idx)
         # inverse CDF in vocabulary order: the first token whose cumulative mass exceeds u * total.
         # A zero-probability token never is the first (its cdf equals its predecessor's).
-        cdf = torch.cumsum(probs.double(), dim=-1)
+        cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)
         target = _uniforms(info, rows, processed.device) * cdf[:, -1:]
         choice = torch.searchsorted(cdf, target, right=True).squeeze(-1)
         next_ids[idx] = choice.clamp_max_(probs.shape[-1] - 1)

@@ -153,7 +153,7 @@ def test_allowed_mask_respected():
     mask[torch.arange(B), torch.randint(0, V, (B,))] = True
     params = [SP(temperature=0.0), SP(temperature=1.0), SP(temperature=1.5, top_p=0.9),
               SP(temperature=0.8, top_k=2), SP(temperature=1.0, min_p=0.3), SP(temperature=0.0)]
-    for step in range(50):
+    for step in range(20):
         info = build(params, steps=[step] * B, seeds=list(range(B)))
         out = sample(logits, info, mask)
         assert mask[torch.arange(B), out.next_ids].all()
@@ -170,7 +170,7 @@ def test_seeded_row_independent_of_batch():
               SP(temperature=1.0, logit_bias={"1": 3.0})]
     alone, mixed = [], []
     out_ids: list[int] = []
-    for step in range(40):
+    for step in range(25):
         row = torch.randn(1, 20)
         info = build([target], outputs=[out_ids], steps=[step], vocab=20)
         a = sample(row, info)
