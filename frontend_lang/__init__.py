@@ -36,7 +36,7 @@ from frontend_lang.api import (
     user_end,
 )
 from frontend_lang.backend.base import BaseBackend
-from frontend_lang.backend.http import BackendError
+from frontend_lang.backend.http import BackendError, GenerationAborted
 from frontend_lang.backend.openai import OpenAI
 from frontend_lang.backend.runtime import Runtime
 from frontend_lang.backend.runtime_endpoint import RuntimeEndpoint
@@ -60,7 +60,7 @@ from frontend_lang.program import Function
 __version__ = "0.1.0"
 
 __all__ = [
-    "BackendError", "BaseBackend", "ChatTemplate", "ChoicesDecision", "Function", "OpenAI", "ProgramState",
+    "BackendError", "BaseBackend", "GenerationAborted", "ChatTemplate", "ChoicesDecision", "Function", "OpenAI", "ProgramState",
     "ProgramStateGroup", "Runtime", "RuntimeEndpoint", "assistant", "assistant_begin", "assistant_end",
     "flush_cache", "function", "gen", "gen_int", "gen_string", "get_chat_template",
     "get_chat_template_by_model_path", "get_server_info", "global_config", "greedy_token_selection", "image",

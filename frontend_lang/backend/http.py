@@ -20,6 +20,13 @@ class BackendError(RuntimeError):
         self.message = message
 
 
+class GenerationAborted(BackendError):
+    """The server accepted the request but aborted it (finish_reason type "abort")."""
+
+    def __init__(self, message: str, url: str) -> None:
+        super().__init__(200, message, url)
+
+
 def _error_message(resp: httpx.Response) -> str:
     try:
         body = resp.json()

@@ -19,7 +19,7 @@ from typing import Any
 
 from frontend_lang import ir
 from frontend_lang.backend.base import BaseBackend
-from frontend_lang.backend.http import HttpClient
+from frontend_lang.backend.http import GenerationAborted, HttpClient
 from frontend_lang.chat_template import get_chat_template, get_chat_template_by_model_path
 from frontend_lang.choices import ChoicesDecision, ChoicesSamplingMethod
 from frontend_lang.global_config import global_config
@@ -64,6 +64,7 @@ class RuntimeEndpoint(BaseBackend):
 
     def generate(self, s: Any, sampling_params: ir.SamplingParams) -> tuple[str, dict]:
         obj = self.http.post_json("/generate", self._generate_body(s, sampling_params))
+        _raise_if_aborted(obj["meta_info"], self.base_url)
         return obj["text"], obj["meta_info"]
 
     def generate_stream(self, s: Any, sampling_params: ir.SamplingParams) -> Iterator[tuple[str, dict]]:
@@ -74,6 +75,7 @@ class RuntimeEndpoint(BaseBackend):
             text = event["text"]
             delta = text[pos:]
             pos = len(text)
+            _raise_if_aborted(event.get("meta_info", {}), self.base_url)
             yield delta, event.get("meta_info", {})
 
     # ------------------------------------------------------------------ select
@@ -116,6 +118,13 @@ class RuntimeEndpoint(BaseBackend):
 
     def shutdown(self) -> None:
         self.http.close()
+
+
+def _raise_if_aborted(meta: dict, url: str) -> None:
+    """A request the server aborted (e.g. an unsupported grammar) is the program's error, not empty text."""
+    reason = meta.get("finish_reason")
+    if isinstance(reason, dict) and reason.get("type") == "abort":
+        raise GenerationAborted(str(reason.get("message", "aborted")), url + "/generate")
 
 
 def mean_logprob(triples: list[list[Any]]) -> float:

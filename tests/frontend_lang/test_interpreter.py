@@ -285,3 +285,24 @@ def test_default_backend_and_helpers(fake, backend):
         fl.set_default_backend(None)
     with pytest.raises(RuntimeError, match="no backend"):
         prog.run()
+
+
+def test_aborted_generation_is_an_error(fake, backend):
+    orig = fake.generate_one
+
+    def aborting(prompt, params, body):
+        res = orig(prompt, params, body)
+        res["text"] = ""
+        res["meta_info"]["finish_reason"] = {"type": "abort", "message": "no grammar backend"}
+        return res
+
+    fake.generate_one = aborting
+
+    @fl.function
+    def prog(s):
+        s += fl.gen("x", regex="[0-9]+")
+
+    st = prog.run(backend=backend)
+    assert isinstance(st.error(), fl.GenerationAborted) and "no grammar backend" in str(st.error())
+    st = prog.run(stream=True, backend=backend)
+    assert list(st.text_iter("x")) == [] and isinstance(st.error(), fl.GenerationAborted)
