@@ -1,8 +1,14 @@
-"""The torch attention backend (CPU default): store new K/V into the pool, then the reference attention."""
+"""The torch attention backend (CPU default): store new K/V into the pool, then attend.
+
+Extend goes request by request through the reference (its matmuls are large). Decode attends for the whole
+batch at once: each request's slots are gathered into a padded [B, L] block (L = longest sequence) and one
+masked SDPA call with grouped KV heads covers every request, instead of B small calls per layer.
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from kernels import ref
 from kernels.api import AttnMetadata
@@ -17,6 +23,8 @@ class TorchAttnBackend:
 
     def init_forward(self, meta: AttnMetadata) -> None:
         self.meta = meta
+        if meta.is_decode and meta.batch_size > 1:
+            self._plan_decode(meta)
 
     def extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
         m = self.meta
@@ -30,4 +38,24 @@ class TorchAttnBackend:
         m = self.meta
         kc, vc = self.k_cache[layer_id], self.v_cache[layer_id]
         ref.store_kv(kc, vc, m.out_cache_loc, k, v)
-        return ref.decode_attention(q, kc, vc, m.req_to_token, m.req_pool_indices, m.seq_lens_cpu, self.scale)
+        if m.batch_size == 1:
+            return ref.decode_attention(q, kc, vc, m.req_to_token, m.req_pool_indices, m.seq_lens_cpu, self.scale)
+        return padded_decode_attention(q, kc, vc, self._slots, self._mask, self.scale)
+
+    def _plan_decode(self, m: AttnMetadata) -> None:
+        longest = max(m.seq_lens_cpu)
+        self._slots = m.req_to_token[m.req_pool_indices, :longest].long()  # [B, L]
+        pos = torch.arange(longest, device=m.seq_lens.device)
+        self._mask = (pos.unsqueeze(0) < m.seq_lens.unsqueeze(1)).view(m.batch_size, 1, 1, longest)
+
+
+def padded_decode_attention(
+    q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """q [B, Hq, D]; kc, vc [S, Hkv, D]; slots [B, L] (padding slots are any valid index); mask [B, 1, 1, L]."""
+    dtype = q.dtype
+    up = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+    k = kc[slots].to(up).transpose(1, 2)  # [B, Hkv, L, D]
+    v = vc[slots].to(up).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q.to(up).unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return out.squeeze(2).to(dtype)  # [B, Hq, D]
