@@ -93,7 +93,7 @@ def create_app(state: ServerState) -> FastAPI:
     install_error_handlers(app)
     app.include_router(native_router)
     try:  # the OpenAI-compatible layer, when present
-        from server.openai_api import router as openai_router
+        from server.openai import router as openai_router
     except ImportError:
         openai_router = None
     if openai_router is not None:

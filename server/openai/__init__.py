@@ -1,0 +1,23 @@
+"""The OpenAI-compatible API (shared/REFERENCE.md): /v1/chat/completions, /v1/completions, /v1/models.
+
+Modules: `params` (body validation and the OpenAI -> sampling-params mapping), `tools` (tool prompts,
+tool_choice constraints, parsing calls), `logprobs` (OpenAI's logprob shapes), `common` (model check,
+result collection, usage), `streaming` (SSE framing and the chat chunk sequence), and one module per route
+group. Everything reaches the runtime through `TokenizerManager.submit`; errors are `RequestError`s, which
+the server's handlers render as the OpenAI envelope.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from server.openai.chat import router as _chat
+from server.openai.completions import router as _completions
+from server.openai.models import router as _models
+
+router = APIRouter()
+router.include_router(_chat)
+router.include_router(_completions)
+router.include_router(_models)
+
+__all__ = ["router"]

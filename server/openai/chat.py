@@ -1,0 +1,256 @@
+"""POST /v1/chat/completions.
+
+Data flow: strict JSON body -> `Body` (unknown fields logged) -> model check (404) -> messages validated
+and normalized (developer -> system, text parts joined) -> tools planned (server/openai/tools.py) -> the
+chat template (the model's, or `--chat-template`) rendered and tokenized by `Tokenizer.encode_chat`, so
+control tokens come only from the template -> sampling params (+ a JSON-schema constraint for
+response_format or a required/named tool_choice) -> `TokenizerManager.submit` (one handle, n samples) ->
+a chat.completion object, or SSE chunks (server/openai/streaming.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from functools import lru_cache
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from runtime.chat_template import resolve_chat_template
+from runtime.generate_input import GenerateRequest, RequestError
+from runtime.tokenizer_manager import TokenizerManager
+from server.app import JSON, ServerState, get_state
+from server.native import ClientGone, until_disconnect
+from server.openai import common as C
+from server.openai import params as P
+from server.openai import tools as T
+from server.openai.logprobs import LogprobFormatter
+from server.openai.streaming import ChatStream, sse_response
+
+logger = logging.getLogger(__name__)
+router = APIRouter()
+
+KNOWN = frozenset({
+    "messages", "model", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "max_tokens",
+    "max_completion_tokens", "n", "presence_penalty", "response_format", "seed", "stop", "stream",
+    "stream_options", "temperature", "top_p", "tools", "tool_choice", "top_k", "min_p", "min_tokens",
+    "repetition_penalty", "regex", "ebnf", "chat_template_kwargs", "continue_final_message",
+    "add_generation_prompt", "stop_token_ids", "ignore_eos", "skip_special_tokens",
+    "spaces_between_special_tokens", "no_stop_trim", "functions", "function_call",
+})
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool",
+         "function": "tool"}
+_RESERVED_KWARGS = frozenset({"chat_template", "messages", "tools", "add_generation_prompt"})
+
+
+@lru_cache(maxsize=8)
+def _template(name: str | None, default: str | None) -> str | None:
+    return resolve_chat_template(name, default)
+
+
+def chat_template(state: ServerState, tm: TokenizerManager) -> str:
+    try:
+        template = _template(state.cfg.server.chat_template, getattr(tm.tokenizer, "chat_template", None))
+    except ValueError as e:
+        raise RequestError(f"the server's chat template is misconfigured: {e}", None, "chat_template_error", 500,
+                           "server_error") from None
+    if template is None:
+        raise RequestError("this model has no chat template; start the server with --chat-template, or use "
+                           "/v1/completions", "messages", "invalid_value")
+    return template
+
+
+# ---------------------------------------------------------------- messages
+
+
+def _content(v: Any, param: str, role: str, has_calls: bool) -> str | None:
+    if v is None:
+        if role == "assistant":
+            return None
+        raise RequestError(f"'{param}' is required for {role} messages", param, "missing_required_parameter")
+    if isinstance(v, str):
+        return v
+    if not isinstance(v, list):
+        raise RequestError(f"'{param}' must be a string or an array of content parts", param, "invalid_type")
+    texts = []
+    for j, part in enumerate(v):
+        p = f"{param}[{j}]"
+        if not isinstance(part, dict):
+            raise RequestError(f"'{p}' must be an object", p, "invalid_type")
+        kind = part.get("type")
+        if kind in ("text", "input_text", "refusal"):
+            text = part.get("text", part.get("refusal"))
+            if not isinstance(text, str):
+                raise RequestError(f"'{p}.text' must be a string", f"{p}.text", "invalid_type")
+            texts.append(text)
+        elif kind in ("image_url", "input_image", "input_audio", "audio_url", "video_url", "file"):
+            raise RequestError(f"'{p}': {kind} content is not supported (this model takes text only)",
+                               f"{p}.type", "invalid_value")
+        else:
+            raise RequestError(f"'{p}.type' must be 'text', got {kind!r}"[:200], f"{p}.type", "invalid_value")
+    return "\n".join(texts)
+
+
+def parse_messages(v: Any) -> list[dict[str, Any]]:
+    if v is None:
+        raise RequestError("'messages' is required", "messages", "missing_required_parameter")
+    if not isinstance(v, list):
+        raise RequestError("'messages' must be an array", "messages", "invalid_type")
+    if not v:
+        raise RequestError("'messages' must not be empty", "messages", "empty_array")
+    out = []
+    for i, m in enumerate(v):
+        p = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise RequestError(f"'{p}' must be an object", p, "invalid_type")
+        role = m.get("role")
+        if role is None:
+            raise RequestError(f"'{p}.role' is required", f"{p}.role", "missing_required_parameter")
+        if not isinstance(role, str) or role not in ROLES:
+            raise RequestError(f"'{p}.role' must be one of system, developer, user, assistant, tool; got "
+                               f"{role!r}"[:200], f"{p}.role", "invalid_value")
+        calls = m.get("tool_calls")
+        msg: dict[str, Any] = {"role": ROLES[role],
+                               "content": _content(m.get("content"), f"{p}.content", role, bool(calls))}
+        if calls is not None:
+            msg["tool_calls"] = _tool_calls(calls, f"{p}.tool_calls")
+        for key in ("name", "tool_call_id", "reasoning_content"):
+            if m.get(key) is not None:
+                if not isinstance(m[key], str):
+                    raise RequestError(f"'{p}.{key}' must be a string", f"{p}.{key}", "invalid_type")
+                msg[key] = m[key]
+        out.append(msg)
+    return out
+
+
+def _tool_calls(v: Any, param: str) -> list[dict[str, Any]]:
+    if not isinstance(v, list):
+        raise RequestError(f"'{param}' must be an array", param, "invalid_type")
+    out = []
+    for k, c in enumerate(v):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise RequestError(f"'{param}[{k}].function.name' is required", f"{param}[{k}].function.name",
+                               "missing_required_parameter")
+        args = fn.get("arguments", "{}")
+        if not isinstance(args, (str, dict)):
+            raise RequestError(f"'{param}[{k}].function.arguments' must be a JSON string",
+                               f"{param}[{k}].function.arguments", "invalid_type")
+        out.append({"id": c.get("id") or T.new_call_id(), "type": "function",
+                    "function": {"name": fn["name"], "arguments": args}})
+    return out
+
+
+# ---------------------------------------------------------------- the request
+
+
+def _tokenize(body: P.Body, state: ServerState, tm: TokenizerManager, messages: list[dict],
+              plan: T.ToolPlan) -> list[int]:
+    chars = sum(len(m.get("content") or "") for m in messages)
+    if chars > 32 * tm.context_len:
+        raise RequestError(f"the messages are far longer than the context ({tm.context_len} tokens)", "messages",
+                           "context_length_exceeded")
+    template = chat_template(state, tm)
+    kwargs = body.raw("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise RequestError("'chat_template_kwargs' must be an object", "chat_template_kwargs", "invalid_type")
+    if _RESERVED_KWARGS & set(kwargs):
+        raise RequestError(f"'chat_template_kwargs' may not set {sorted(_RESERVED_KWARGS & set(kwargs))}",
+                           "chat_template_kwargs", "invalid_value")
+    cont = body.boolean("continue_final_message")
+    add_gen = body.boolean("add_generation_prompt", not cont)
+    if cont and messages[-1]["role"] != "assistant":
+        raise RequestError("continue_final_message needs a final assistant message", "continue_final_message")
+    msgs, tool_specs = T.prompt_messages(messages, plan, T.template_supports_tools(template))
+    if not T.template_supports_tools(template):
+        msgs = [{**m, "content": m.get("content") or ""} for m in msgs]
+    try:
+        return tm.tokenizer.encode_chat(msgs, add_generation_prompt=add_gen, tools=tool_specs,
+                                        chat_template=template, continue_final_message=cont, **kwargs)
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        raise RequestError(f"the chat template could not render these messages: {e}"[:500], "messages",
+                           "invalid_value") from None
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    state = get_state(request)
+    tm = state.require_tm()
+    srv = state.cfg.server
+    body = P.Body(await C.read_body(request, state), KNOWN)
+    model = C.check_model(state, body.raw("model"))
+    messages = parse_messages(body.raw("messages"))
+    if body.has("functions") or body.has("function_call"):
+        raise RequestError("'functions' and 'function_call' are deprecated: use 'tools' and 'tool_choice'",
+                           "functions", "invalid_value")
+    plan = T.parse_tools(body.raw("tools"), body.raw("tool_choice"))
+    stream = body.boolean("stream")
+    include_usage = P.stream_options(body, stream)
+    want_lp = body.boolean("logprobs")
+    top = body.integer("top_logprobs", 0, srv.max_top_logprobs)
+    if top is not None and not want_lp:
+        raise RequestError("when using 'top_logprobs', 'logprobs' must be set to true", "top_logprobs",
+                           "invalid_value")
+    top = top or 0
+    sp = P.sampling_params(body, srv, tm.vocab_size)
+    n = P.n_choices(body, srv)
+    max_new, max_key = P.max_tokens(body, ("max_completion_tokens", "max_tokens"))
+    cons = P.constraint(body)
+    if plan.constrained:
+        if cons:
+            logger.warning("tool_choice=%s with another constraint: the tool constraint is dropped", plan.mode)
+            plan = T.ToolPlan(plan.tools, "auto")
+        else:
+            cons = {"json_schema": json.dumps(plan.schema(), separators=(",", ":"))}
+    ids = _tokenize(body, state, tm, messages, plan)
+    sp.update(cons, n=n, max_new_tokens=C.context_check(tm.context_len, len(ids), max_new, max_key, "messages"))
+    cid = C.new_id("chatcmpl")
+    handle = tm.submit(GenerateRequest(input_ids=ids, sampling_params=sp, rid=cid, stream=stream,
+                                       return_logprob=want_lp, top_logprobs_num=top))
+    fmt = LogprobFormatter(tm) if want_lp else None
+    base = {"id": cid, "object": "chat.completion.chunk", "created": C.now(), "model": model,
+            "system_fingerprint": None}
+    if stream:
+        def usage_of(metas: list[dict[str, Any]]) -> dict[str, Any]:
+            return C.usage(state, [[{"meta_info": m} for m in metas if m]])
+
+        return sse_response(ChatStream(handle, base, n, plan, fmt, top, include_usage, usage_of).events())
+    try:
+        per_prompt = await until_disconnect(request, C.collect([handle]))
+    except ClientGone:
+        return Response(status_code=499)
+    C.raise_for_aborts(per_prompt)
+    choices = [_choice(r, plan, fmt, top) for r in per_prompt[0]]
+    return JSON({**base, "object": "chat.completion", "choices": choices, "usage": C.usage(state, per_prompt)})
+
+
+def _choice(r: dict[str, Any], plan: T.ToolPlan, fmt: LogprobFormatter | None, top: int) -> dict[str, Any]:
+    meta, text = r["meta_info"], r["text"]
+    fr = meta["finish_reason"]
+    reason = C.finish_reason(fr)
+    content: str | None = text
+    calls: list[dict[str, Any]] = []
+    if plan.tools and plan.constrained:
+        parsed = T.parse_constrained(plan, text)
+        if parsed:
+            content, calls = None, parsed
+        elif plan.mode == "named":  # cut short: the partial arguments, as OpenAI does
+            content, calls = None, [T.tool_call(plan.named or "", text)]
+    elif plan.tools and plan.mode == "auto":
+        content, calls = T.parse_auto(plan, text)
+    if calls and reason == "stop":
+        reason = "tool_calls"
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    if calls:
+        message["tool_calls"] = calls
+    logprobs = None
+    if fmt is not None:
+        logprobs = {"content": fmt.chat(meta.get("output_token_logprobs") or [], meta.get("output_top_logprobs"),
+                                        top), "refusal": None}
+    choice = {"index": r["index"], "message": message, "logprobs": logprobs, "finish_reason": reason}
+    stop = C.matched_stop(fr)
+    if stop is not None:
+        choice["matched_stop"] = stop
+    return choice

@@ -1,0 +1,142 @@
+"""Pieces both OpenAI generation routes share: reading the body, the model check, collecting results,
+finish reasons, aborts that are really request errors, and `usage`.
+
+Results are TokenizerManager dicts: `{"text", "output_ids", "meta_info": {"finish_reason", "prompt_tokens",
+"completion_tokens", "cached_tokens", ...logprobs}, "index"}`, one handle per prompt, `index` the sample
+number among n.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from fastapi import Request
+
+from runtime.generate_input import RequestError
+from runtime.tokenizer_manager import RequestHandle
+from server.app import ServerState
+from server.errors import read_json
+
+FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+async def read_body(request: Request, state: ServerState) -> Any:
+    """The JSON body (413 past the cap); a non-JSON Content-Type is a 400."""
+    ctype = request.headers.get("content-type")
+    if ctype is not None and "json" not in ctype.lower():
+        raise RequestError(f"Content-Type must be application/json, got {ctype!r}"[:200], None,
+                           "invalid_content_type")
+    return await read_json(request, state.cfg.server.max_body_bytes)
+
+
+def check_model(state: ServerState, model: Any) -> str:
+    """The model name to echo: the request's (which must be served here) or the served name (404 else)."""
+    if model is None:
+        return state.served_model_name
+    if not isinstance(model, str):
+        raise RequestError("'model' must be a string", "model", "invalid_type")
+    if model in served_names(state):
+        return model
+    raise RequestError(f"The model `{model}` does not exist.", "model", "model_not_found", 404)
+
+
+def served_names(state: ServerState) -> tuple[str, ...]:
+    return tuple(n for n in (state.served_model_name, state.model_path) if n)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def finish_reason(fr: dict[str, Any] | None) -> str | None:
+    return None if fr is None else FINISH.get(fr.get("type", ""), "stop")
+
+
+def matched_stop(fr: dict[str, Any] | None) -> str | int | None:
+    return fr.get("matched") if fr else None
+
+
+def abort_error(fr: dict[str, Any] | None) -> RequestError | None:
+    """An abort caused by the request itself (its grammar failed to compile or is unsupported) as a 400;
+    None for other finishes (an operator's abort stays finish_reason "abort")."""
+    if not fr or fr.get("type") != "abort":
+        return None
+    message = str(fr.get("message") or "request aborted")
+    status = fr.get("status_code")
+    lowered = message.lower()
+    if "grammar" in lowered or "constrained" in lowered or "schema" in lowered or "regex" in lowered:
+        code = "grammar_too_complex" if "timed out" in lowered or "too complex" in lowered else "invalid_value"
+        return RequestError(message, None, code, status if isinstance(status, int) and status < 500 else 400)
+    if isinstance(status, int) and 400 <= status < 600:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        return RequestError(message, None, "request_aborted", status, kind)
+    return None
+
+
+async def collect(handles: list[RequestHandle]) -> list[list[dict[str, Any]]]:
+    """Every handle's finished samples, in sample order; all are aborted if this is cancelled."""
+
+    async def one(h: RequestHandle) -> list[dict[str, Any]]:
+        out: list[dict[str, Any] | None] = [None] * len(h.rids)
+        async for item in h:
+            if item["meta_info"]["finish_reason"] is not None:
+                out[item["index"]] = item
+        return [r for r in out if r is not None]
+
+    try:
+        return list(await asyncio.gather(*(one(h) for h in handles)))
+    finally:
+        for h in handles:
+            h.abort()
+
+
+def raise_for_aborts(per_prompt: list[list[dict[str, Any]]]) -> None:
+    for results in per_prompt:
+        for r in results:
+            err = abort_error(r["meta_info"]["finish_reason"])
+            if err is not None:
+                raise err
+
+
+def usage(state: ServerState, per_prompt: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """Prompt tokens counted once per prompt; cached tokens per prompt as its least-cached sample saw them."""
+    prompt = completion = cached = 0
+    for results in per_prompt:
+        if not results:
+            continue
+        metas = [r["meta_info"] for r in results]
+        prompt += metas[0]["prompt_tokens"]
+        completion += sum(m["completion_tokens"] for m in metas)
+        cached += min(m.get("cached_tokens", 0) for m in metas)
+    return usage_dict(state, prompt, completion, cached)
+
+
+def usage_dict(state: ServerState, prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                           "total_tokens": prompt + completion}
+    out["prompt_tokens_details"] = {"cached_tokens": cached} if state.cfg.server.enable_cache_report else None
+    return out
+
+
+def context_check(state_ctx: int, prompt_len: int, max_new: int | None, max_key: str, prompt_key: str) -> int:
+    """max_new_tokens to send: the request's (which must fit the context) or what room is left."""
+    room = state_ctx - prompt_len
+    if room <= 0:
+        raise RequestError(f"This model's maximum context length is {state_ctx} tokens. However, your "
+                           f"{prompt_key} resulted in {prompt_len} tokens. Please reduce the length of the "
+                           f"{prompt_key}.", prompt_key, "context_length_exceeded")
+    if max_new is None:
+        return room
+    if max_new > room:
+        raise RequestError(f"This model's maximum context length is {state_ctx} tokens. However, you requested "
+                           f"{prompt_len + max_new} tokens ({prompt_len} in the {prompt_key}, {max_new} in the "
+                           f"completion). Please reduce the length of the {prompt_key} or completion.", max_key,
+                           "context_length_exceeded")
+    return max_new

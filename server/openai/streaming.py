@@ -1,0 +1,184 @@
+"""SSE for the OpenAI routes: merging several prompts' handles, the error-chunk-then-[DONE] guard, and the
+chat chunk sequence.
+
+Chat stream, per REFERENCE.md: for each choice a first chunk whose delta carries `role: assistant`; content
+deltas (with their tokens' logprobs when asked); tool calls as `delta.tool_calls[{index, id, type, function:
+{name, arguments}}]` (a named tool_choice streams argument fragments, `required` and auto-detected calls come
+whole at the end); one chunk per choice with `finish_reason`; when `stream_options.include_usage`, a last
+chunk with `choices: []` and `usage` (other chunks carry `usage: null`); then `data: [DONE]`. A failure after
+the stream began (the runtime died, a grammar did not compile) is `data: {"error": {...}}` then `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+from runtime.generate_input import RequestError
+from runtime.tokenizer_manager import RequestHandle
+from server.app import SSE_DONE, sse
+from server.errors import error_body
+from server.openai import tools as T
+from server.openai.common import abort_error, finish_reason, matched_stop
+from server.openai.logprobs import LogprobFormatter
+
+logger = logging.getLogger(__name__)
+_END = object()
+
+
+def sse_response(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+    return StreamingResponse(guarded(events), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def guarded(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """SSE bytes of `events`; an error while streaming becomes an error chunk; always ends with [DONE]."""
+    try:
+        async for ev in events:
+            yield sse(ev)
+    except RequestError as e:
+        yield sse(error_body(e.message, e.type, e.param, e.code))
+    except Exception as e:
+        logger.exception("error while streaming")
+        yield sse(error_body(f"internal error: {type(e).__name__}", "server_error", None, "internal_error"))
+    yield SSE_DONE
+
+
+async def merged(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    """(handle number, result) as results arrive from any handle; leaving early aborts them all."""
+    if len(handles) == 1:
+        async for item in handles[0]:
+            yield 0, item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, h: RequestHandle) -> None:
+        try:
+            async for item in h:
+                queue.put_nowait((i, item, None))
+        except Exception as e:
+            queue.put_nowait((i, None, e))
+        finally:
+            queue.put_nowait((i, _END, None))
+
+    tasks = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(handles)]
+    try:
+        left = len(handles)
+        while left:
+            i, item, err = await queue.get()
+            if err is not None:
+                raise err
+            if item is _END:
+                left -= 1
+                continue
+            yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        for h in handles:
+            h.abort()
+
+
+@dataclass
+class _Choice:
+    sent: int = 0  # characters of text already sent (as content or arguments)
+    lp_sent: int = 0  # output logprob entries already sent
+    streaming: bool = False  # auto tools: decided that this is content, not a call
+    call_id: str | None = None  # named tool_choice: the call streamed so far
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ChatStream:
+    """Turns one chat handle's cumulative results into chat.completion.chunk dicts."""
+
+    handle: RequestHandle
+    base: dict[str, Any]  # id, object, created, model, system_fingerprint
+    n: int
+    plan: T.ToolPlan
+    fmt: LogprobFormatter | None  # None: no logprobs asked
+    top_k: int
+    include_usage: bool
+    usage_of: Any  # callable: list of final meta dicts -> usage dict
+
+    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
+        out = {**self.base, "choices": [choice]}
+        if self.include_usage:
+            out["usage"] = None
+        return out
+
+    def _delta(self, i: int, delta: dict[str, Any], logprobs: Any = None) -> dict[str, Any]:
+        return self._chunk({"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": None})
+
+    def _logprobs(self, ch: _Choice, meta: dict[str, Any]) -> dict[str, Any] | None:
+        if self.fmt is None:
+            return None
+        pairs = meta.get("output_token_logprobs") or []
+        tops = meta.get("output_top_logprobs")
+        new = self.fmt.chat(pairs[ch.lp_sent:], tops[ch.lp_sent:] if tops else None, self.top_k)
+        ch.lp_sent = len(pairs)
+        return {"content": new, "refusal": None}
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        choices = [_Choice() for _ in range(self.n)]
+        for i in range(self.n):
+            yield self._delta(i, {"role": "assistant", "content": ""})
+        async for item in self.handle:
+            i, meta, text = item["index"], item["meta_info"], item["text"]
+            fr = meta["finish_reason"]
+            err = abort_error(fr)
+            if err is not None:
+                raise err
+            ch = choices[i]
+            for ev in self._progress(i, ch, text, meta, fr is not None):
+                yield ev
+            if fr is not None:
+                ch.meta = meta
+        if self.include_usage:
+            yield {**self.base, "choices": [], "usage": self.usage_of([c.meta for c in choices])}
+
+    def _progress(self, i: int, ch: _Choice, text: str, meta: dict[str, Any], done: bool) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        mode = self.plan.mode if self.plan.tools else "none"
+        new = text[ch.sent:]
+        reason = finish_reason(meta["finish_reason"]) if done else None
+        if mode == "named":
+            if ch.call_id is None:
+                ch.call_id = T.new_call_id()
+                out.append(self._delta(i, {"tool_calls": [{"index": 0, "id": ch.call_id, "type": "function",
+                                                           "function": {"name": self.plan.named,
+                                                                        "arguments": ""}}]}))
+            if new:
+                out.append(self._delta(i, {"tool_calls": [{"index": 0, "function": {"arguments": new}}]}))
+                ch.sent = len(text)
+            if done and reason == "stop":
+                reason = "tool_calls"
+        elif mode == "none" or ch.streaming or (mode == "auto" and not T.may_be_call(text)):
+            ch.streaming = True
+            if new:
+                out.append(self._delta(i, {"content": new}, self._logprobs(ch, meta)))
+                ch.sent = len(text)
+        elif done:  # required, or auto held back while it looked like a call
+            if mode == "required":
+                calls = T.parse_constrained(self.plan, text)
+                content = None if calls else text
+            else:
+                content, calls = T.parse_auto(self.plan, text)
+            if calls:
+                out.append(self._delta(i, {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]}))
+                reason = "tool_calls"
+            if content:
+                out.append(self._delta(i, {"content": content}, self._logprobs(ch, meta)))
+            ch.sent = len(text)
+        if done:
+            choice = {"index": i, "delta": {}, "logprobs": None, "finish_reason": reason}
+            stop = matched_stop(meta["finish_reason"])
+            if stop is not None:
+                choice["matched_stop"] = stop
+            out.append(self._chunk(choice))
+        return out

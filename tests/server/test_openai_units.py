@@ -1,0 +1,199 @@
+"""Model-free tests of the OpenAI layer's pieces: parameter validation, response_format, tool plans,
+tool-call parsing and the prompt for templates without tool support."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runtime.config import ServerConfig
+from runtime.generate_input import RequestError
+from server.openai import params as P
+from server.openai import tools as T
+
+SRV = ServerConfig()
+
+
+def body(**kw) -> P.Body:
+    return P.Body(kw, frozenset(kw))
+
+
+def err(fn, *args) -> RequestError:
+    with pytest.raises(RequestError) as e:
+        fn(*args)
+    return e.value
+
+
+def test_body_must_be_object():
+    for bad in ([], 42, None, "x"):
+        assert err(P.Body, bad, frozenset()).code == "invalid_type"
+
+
+@pytest.mark.parametrize("kw, param, code", [
+    ({"temperature": "hot"}, "temperature", "invalid_type"),
+    ({"temperature": -1}, "temperature", "decimal_below_min_value"),
+    ({"temperature": 3}, "temperature", "decimal_above_max_value"),
+    ({"temperature": float("inf")}, "temperature", "invalid_value"),
+    ({"top_p": 0}, "top_p", "decimal_below_min_value"),
+    ({"top_p": 1.5}, "top_p", "decimal_above_max_value"),
+    ({"top_k": -5}, "top_k", "integer_below_min_value"),
+    ({"top_k": 0.5}, "top_k", "invalid_type"),
+    ({"presence_penalty": 5}, "presence_penalty", "decimal_above_max_value"),
+    ({"repetition_penalty": 0}, "repetition_penalty", "decimal_below_min_value"),
+    ({"stop": [""]}, "stop", "invalid_value"),
+    ({"stop": ["x"] * 1000}, "stop", "invalid_value"),
+    ({"stop": "x" * 300}, "stop", "invalid_value"),
+    ({"stop": 5}, "stop", "invalid_type"),
+    ({"logit_bias": {"abc": 1}}, "logit_bias", "invalid_value"),
+    ({"logit_bias": {"49152": 1}}, "logit_bias", "invalid_value"),
+    ({"logit_bias": {"5": 1e9}}, "logit_bias", "invalid_value"),
+    ({"seed": "1"}, "seed", "invalid_type"),
+    ({"ignore_eos": 1}, "ignore_eos", "invalid_type"),
+])
+def test_sampling_param_errors(kw, param, code):
+    e = err(P.sampling_params, body(**kw), SRV, 49152)
+    assert (e.param, e.code, e.status) == (param, code, 400)
+
+
+def test_sampling_params_mapping():
+    sp = P.sampling_params(body(temperature=0, top_p=0.5, top_k=0, seed=7, stop="x", min_tokens=2,
+                                logit_bias={"5": -100}), SRV, 49152)
+    assert sp == {"temperature": 0.0, "top_p": 0.5, "top_k": -1, "sampling_seed": 7, "stop": ["x"],
+                  "min_new_tokens": 2, "logit_bias": {"5": -100.0}}
+
+
+def test_max_tokens_precedence_and_bounds():
+    assert P.max_tokens(body(max_tokens=5, max_completion_tokens=7), ("max_completion_tokens", "max_tokens")) == (
+        7, "max_completion_tokens")
+    assert P.max_tokens(body(max_tokens=5), ("max_completion_tokens", "max_tokens")) == (5, "max_tokens")
+    assert err(P.max_tokens, body(max_tokens=0), ("max_tokens",)).code == "integer_below_min_value"
+    assert err(P.max_tokens, body(max_tokens=10.5), ("max_tokens",)).code == "invalid_type"
+
+
+def test_stream_options_needs_stream():
+    assert err(P.stream_options, body(stream_options={"include_usage": True}), False).param == "stream_options"
+    assert P.stream_options(body(stream_options={"include_usage": True}), True) is True
+
+
+@pytest.mark.parametrize("rf, expect", [
+    (None, None), ({"type": "text"}, None), ({"type": "json_object"}, {"type": "object"}),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}, "strict": True}},
+     {"type": "integer"}),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string"}}}, {"type": "string"}),
+    ({"type": "json_schema", "schema": {"type": "boolean"}}, {"type": "boolean"}),
+])
+def test_response_format(rf, expect):
+    out = P.response_format_schema(rf)
+    assert (None if out is None else json.loads(out)) == expect
+
+
+@pytest.mark.parametrize("rf, param", [
+    ({"type": "json_schema"}, "response_format.json_schema"),
+    ({"type": "bogus"}, "response_format.type"),
+    ({}, "response_format.type"),
+    ({"type": "json_schema", "json_schema": {"schema": {"type": "strnig"}}}, "response_format.json_schema.schema"),
+    ({"type": "json_schema", "json_schema": {"schema": {"properties": {"foo": "bar"}}}},
+     "response_format.json_schema.schema"),
+    ({"type": "json_schema", "json_schema": {"schema": {"minLength": -1}}}, "response_format.json_schema.schema"),
+    ("json", "response_format"),
+])
+def test_response_format_errors(rf, param):
+    e = err(P.response_format_schema, rf)
+    assert e.status == 400 and e.param == param
+
+
+def test_schema_depth_and_size_caps():
+    deep: dict = {"type": "object"}
+    for _ in range(40):
+        deep = {"type": "array", "items": deep}
+    assert err(P.check_schema, deep, "s").code == "grammar_too_complex"
+    big = {"enum": ["x" * 100] * 1000}
+    assert err(P.check_schema, big, "s").code == "invalid_value"
+
+
+def test_one_constraint_only():
+    e = err(P.constraint, body(regex="a+", response_format={"type": "json_object"}))
+    assert e.status == 400
+    assert err(P.constraint, body(regex="((")).param == "regex"
+    assert P.constraint(body(regex="a+")) == {"regex": "a+"}
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+
+
+def test_tool_plans():
+    assert T.parse_tools(None, None).mode == "none"
+    assert T.parse_tools([WEATHER], None).mode == "auto"
+    assert T.parse_tools([WEATHER], "none").mode == "none"
+    plan = T.parse_tools([WEATHER, TIME], "required")
+    assert plan.constrained and len(plan.schema()["anyOf"]) == 2
+    named = T.parse_tools([WEATHER, TIME], {"type": "function", "function": {"name": "get_weather"}})
+    assert named.mode == "named" and named.schema() == WEATHER["function"]["parameters"]
+
+
+@pytest.mark.parametrize("tools, choice, param", [
+    (None, "required", "tool_choice"),
+    ([WEATHER], {"type": "function", "function": {"name": "nope"}}, "tool_choice.function.name"),
+    ([WEATHER], "sometimes", "tool_choice"),
+    ([WEATHER, WEATHER], None, "tools"),
+    ([{"type": "function", "function": {"name": "bad name!"}}], None, "tools[0].function.name"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "strnig"}}}], None,
+     "tools[0].function.parameters"),
+    ("x", None, "tools"),
+])
+def test_tool_errors(tools, choice, param):
+    e = err(T.parse_tools, tools, choice)
+    assert e.status == 400 and e.param == param
+
+
+def test_parse_constrained_outputs():
+    req = T.parse_tools([WEATHER, TIME], "required")
+    calls = T.parse_constrained(req, '{"name":"get_weather","arguments":{"city":"Paris"}}')
+    assert calls[0]["function"]["name"] == "get_weather"
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
+    assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
+    assert T.parse_constrained(req, '{"name":"get_weather","argu') is None
+    named = T.parse_tools([WEATHER], {"type": "function", "function": {"name": "get_weather"}})
+    assert json.loads(T.parse_constrained(named, '{"city":"Rome"}')[0]["function"]["arguments"]) == {"city": "Rome"}
+
+
+@pytest.mark.parametrize("text, content, names", [
+    ('{"name": "get_weather", "arguments": {"city": "Paris"}}', None, ["get_weather"]),
+    ('Sure. <tool_call>{"name": "get_time", "arguments": {}}</tool_call>', "Sure.", ["get_time"]),
+    ('```json\n{"name": "get_weather", "parameters": {"city": "Oslo"}}\n```', None, ["get_weather"]),
+    ('[{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "x"}}]', None,
+     ["get_time", "get_weather"]),
+    ('{"name": "unknown_fn", "arguments": {}}', '{"name": "unknown_fn", "arguments": {}}', []),
+    ("The weather is nice.", "The weather is nice.", []),
+])
+def test_parse_auto(text, content, names):
+    plan = T.parse_tools([WEATHER, TIME], "auto")
+    got_content, calls = T.parse_auto(plan, text)
+    assert got_content == content
+    assert [c["function"]["name"] for c in calls] == names
+
+
+def test_may_be_call():
+    assert T.may_be_call("") and T.may_be_call(' {"na') and T.may_be_call("<tool") and T.may_be_call("`")
+    assert not T.may_be_call("Hello") and not T.may_be_call("<b>")
+
+
+def test_prompt_without_native_tools():
+    plan = T.parse_tools([WEATHER], {"type": "function", "function": {"name": "get_weather"}})
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    msgs, tools = T.prompt_messages(history, plan, native=False)
+    assert tools is None
+    assert msgs[0]["role"] == "system" and "get_weather" in msgs[0]["content"] and "`get_weather`" in msgs[0]["content"]
+    assert json.loads(msgs[2]["content"]) == {"name": "get_weather", "arguments": {"city": "Paris"}}
+    assert msgs[3] == {"role": "user", "content": "Result of the function (call_1): sunny"}
+    native, specs = T.prompt_messages(history, plan, native=True)
+    assert specs == [T.parse_tools([WEATHER], None).tools[0].spec]
+    assert native[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
