@@ -226,6 +226,24 @@ def describe_exit(code: int | None) -> str:
     return f"exited with code {code}" + (" (see its traceback above)" if code else "")
 
 
+@contextlib.contextmanager
+def _main_module_hidden() -> Any:
+    """Spawned children re-import the parent's __main__ unless it looks like `python -c`; they only run
+    functions of this module, so hide it: an `Engine()` at the top level of a script without an
+    `if __name__ == "__main__"` guard then works, and children start faster."""
+    main = sys.modules.get("__main__")
+    saved = {a: getattr(main, a) for a in ("__file__", "__spec__") if main is not None and hasattr(main, a)}
+    try:
+        if "__file__" in saved:
+            del main.__file__
+        if "__spec__" in saved:
+            main.__spec__ = None
+        yield
+    finally:
+        for a, v in saved.items():
+            setattr(main, a, v)
+
+
 class ProcessGroup:
     """The scheduler and detokenizer processes of one launch."""
 
@@ -256,10 +274,11 @@ class ProcessGroup:
     def start(self) -> None:
         mp = multiprocessing.get_context("spawn")
         targets = {"scheduler": run_scheduler_process, "detokenizer": run_detokenizer_process}
-        for name in CHILDREN:
-            p = mp.Process(target=targets[name], args=(self._spec,), name=f"radixgen-{name}")
-            p.start()
-            self.procs[name] = p
+        with _main_module_hidden():
+            for name in CHILDREN:
+                p = mp.Process(target=targets[name], args=(self._spec,), name=f"radixgen-{name}")
+                p.start()
+                self.procs[name] = p
         atexit.register(self.shutdown)
 
     @property

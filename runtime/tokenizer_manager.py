@@ -124,6 +124,21 @@ class RequestHandle:
         finally:
             self.abort()
 
+    async def finals(self) -> list[dict[str, Any]]:
+        """Wait for every sample; their final results in index order (`public` form)."""
+        out: list[dict[str, Any] | None] = [None] * len(self.states)
+        async for item in self:
+            if item["meta_info"]["finish_reason"] is not None:
+                out[item["index"]] = item
+        return [self.public(r) for r in out if r is not None]
+
+    def public(self, item: dict[str, Any]) -> dict[str, Any]:
+        """The native /generate shape: `index` kept only when n > 1."""
+        if len(self.states) == 1:
+            item = dict(item)
+            item.pop("index", None)
+        return item
+
     def abort(self) -> None:
         """Abort every sample not finished yet (idempotent)."""
         for st in self.states:

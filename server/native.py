@@ -57,24 +57,9 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     raise ClientGone
 
 
-def _public(result: dict[str, Any], n: int) -> dict[str, Any]:
-    out = dict(result)
-    if n == 1:
-        out.pop("index", None)
-    return out
-
-
-async def _collect(handle: RequestHandle) -> list[dict[str, Any]]:
-    results: list[dict[str, Any] | None] = [None] * len(handle.rids)
-    async for item in handle:
-        if item["meta_info"]["finish_reason"] is not None:
-            results[item["index"]] = item
-    return [_public(r, len(results)) for r in results if r is not None]
-
-
 async def _collect_all(handles: list[RequestHandle]) -> list[dict[str, Any]]:
     try:
-        per_prompt = await asyncio.gather(*(_collect(h) for h in handles))
+        per_prompt = await asyncio.gather(*(h.finals() for h in handles))
     finally:
         for h in handles:
             h.abort()
@@ -82,10 +67,9 @@ async def _collect_all(handles: list[RequestHandle]) -> list[dict[str, Any]]:
 
 
 async def _stream(handle: RequestHandle) -> AsyncIterator[bytes]:
-    n = len(handle.rids)
     try:
         async for item in handle:
-            yield sse(_public(item, n))
+            yield sse(handle.public(item))
     except RequestError as e:
         yield sse(error_body(e.message, e.type, e.param, e.code))
     yield SSE_DONE

@@ -1,0 +1,186 @@
+"""The offline `Engine`: the server's runtime without HTTP (DESIGN.md section 1).
+
+It starts the same scheduler and detokenizer processes (`runtime.launch.ProcessGroup`) and runs the
+TokenizerManager on an asyncio loop in a background thread; `generate` hands requests to that loop and
+waits. Results are the native /generate dicts: `text`, `output_ids`, `meta_info` (`id`, `finish_reason`,
+`prompt_tokens`, `completion_tokens`, `cached_tokens`, logprob fields when asked).
+
+    with Engine(max_total_tokens=4096) as engine:
+        out = engine.generate("The capital of France is", {"max_new_tokens": 8, "temperature": 0})
+        for chunk in engine.generate("Once", {"max_new_tokens": 16}, stream=True):
+            print(chunk["text"])  # cumulative text, like the SSE chunks
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import queue
+import threading
+from collections.abc import Awaitable, Iterator
+from typing import Any, TypeVar
+
+from runtime.config import make_config
+from runtime.env import load_env
+from runtime.generate_input import GenerateRequest, RequestError, normalize_generate
+from runtime.launch import ProcessGroup
+from runtime.tokenizer_manager import ModelInfo, TokenizerManager
+
+T = TypeVar("T")
+_END = object()
+
+
+class Engine:
+    def __init__(self, model_path: str | None = None, **config: Any) -> None:
+        self.cfg = make_config(model_path=model_path, **config)
+        self._dead: str | None = None
+        self._closed = False
+        self._group = ProcessGroup(self.cfg)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="radixgen-engine", daemon=True)
+        self._thread.start()
+        self._group.start()
+        try:
+            from runtime.tokenizer import load_tokenizer
+
+            model_path = self._group.config["model_path"]
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                tok = pool.submit(load_tokenizer, self.cfg.model.tokenizer_path or model_path)
+                infos = self._group.wait_ready(self.cfg.server.startup_timeout)
+                self.tokenizer = tok.result()
+            sched = infos["scheduler"]
+            self.server_config = {**self._group.config, **sched.get("config", {})}
+            info = ModelInfo(sched["context_len"], sched["vocab_size"], sched["max_total_num_tokens"])
+            self._tm: TokenizerManager = self._call(self._start_tm(info))
+        except BaseException:
+            self.shutdown()
+            raise
+        self._group.watch(self._on_death)
+
+    async def _start_tm(self, info: ModelInfo) -> TokenizerManager:
+        tm = TokenizerManager(self.cfg, self.tokenizer, self._group.endpoints, info, None,
+                              load_env().abort_confirm_timeout)
+        tm.start()
+        return tm
+
+    def _on_death(self, reason: str) -> None:
+        self._dead = reason
+        self._loop.call_soon_threadsafe(self._tm.fail_all, reason)
+
+    def _call(self, coro: Awaitable[T]) -> T:
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return fut.result()
+        except KeyboardInterrupt:
+            fut.cancel()
+            raise
+        except RequestError as e:
+            if e.status >= 500:
+                raise RuntimeError(e.message) from None
+            raise
+
+    # ------------------------------------------------------------ public API
+
+    @property
+    def context_len(self) -> int:
+        return self._tm.context_len
+
+    def generate(self, prompt: str | list[str] | None = None,
+                 sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None, *,
+                 input_ids: list[int] | list[list[int]] | None = None, return_logprob: bool | list[bool] = False,
+                 logprob_start_len: int | list[int] | None = None, top_logprobs_num: int | list[int] | None = None,
+                 return_text_in_logprobs: bool = False, stream: bool = False,
+                 rid: str | list[str] | None = None) -> Any:
+        """One prompt -> a dict (a list of n dicts when n > 1); a list of prompts -> a flat list in order
+        (prompt-major, then sample). `stream=True` (one prompt) returns an iterator of cumulative chunks."""
+        self._check_alive()
+        body = {"text": prompt, "input_ids": input_ids, "sampling_params": sampling_params, "rid": rid,
+                "stream": stream, "return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
+                "top_logprobs_num": top_logprobs_num, "return_text_in_logprobs": return_text_in_logprobs}
+        reqs, is_batch = normalize_generate(body)
+        if stream:
+            return self._stream(reqs[0])
+        results = self._call(self._collect(reqs))
+        return results if is_batch or len(results) > 1 else results[0]
+
+    async def async_generate(self, prompt: str | list[str] | None = None,
+                             sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+                             **kw: Any) -> Any:
+        """`generate` (not streaming) for callers on their own asyncio loop."""
+        self._check_alive()
+        reqs, is_batch = normalize_generate({"text": prompt, "sampling_params": sampling_params, **kw})
+        fut = asyncio.run_coroutine_threadsafe(self._collect(reqs), self._loop)
+        results = await asyncio.wrap_future(fut)
+        return results if is_batch or len(results) > 1 else results[0]
+
+    async def _collect(self, reqs: list[GenerateRequest]) -> list[dict[str, Any]]:
+        handles = self._tm.submit_many(reqs)
+        try:
+            per = await asyncio.gather(*(h.finals() for h in handles))
+        finally:
+            for h in handles:
+                h.abort()
+        return [r for rs in per for r in rs]
+
+    def _stream(self, req: GenerateRequest) -> Iterator[dict[str, Any]]:
+        q: queue.Queue = queue.Queue()
+
+        async def pump() -> None:
+            try:
+                handle = self._tm.submit(req)
+                async for item in handle:
+                    q.put(handle.public(item))
+            except BaseException as e:  # handed to the consumer thread
+                q.put(e)
+            finally:
+                q.put(_END)
+
+        fut = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        try:
+            while (item := q.get()) is not _END:
+                if isinstance(item, BaseException):
+                    if isinstance(item, RequestError) and item.status >= 500:
+                        raise RuntimeError(item.message)
+                    if isinstance(item, asyncio.CancelledError):
+                        return
+                    raise item
+                yield item
+        finally:
+            fut.cancel()  # a consumer that stops early aborts the request
+
+    def flush_cache(self) -> bool:
+        return self._call(self._tm.flush_cache()).success
+
+    def get_server_info(self) -> dict[str, Any]:
+        """The resolved config plus `internal_states` (as /get_server_info)."""
+        state = self._call(self._tm.get_internal_state())
+        return {**self.server_config, "internal_states": [state]}
+
+    def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
+        self._loop.call_soon_threadsafe(self._tm.abort, rid, abort_all)
+
+    def _check_alive(self) -> None:
+        if self._closed:
+            raise RuntimeError("the engine is shut down")
+        if self._dead:
+            raise RuntimeError(self._dead)
+
+    def shutdown(self) -> None:
+        """Stop the child processes and the loop thread (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        tm = getattr(self, "_tm", None)
+        if tm is not None and self._loop.is_running():
+            with contextlib.suppress(Exception):  # closing anyway
+                asyncio.run_coroutine_threadsafe(tm.close(), self._loop).result(5)
+        self._group.shutdown()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
