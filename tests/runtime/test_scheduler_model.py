@@ -1,0 +1,168 @@
+"""The scheduler on the real SmolLM2 model (CPU, float32), driven in-process through handle/step.
+
+Each test builds a Scheduler over the session's model runner and leaves the pool as it found it (the cache
+is flushed at the end), so the shared runner stays clean for other tests.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.config import make_config
+from runtime.memory import SlotAllocator
+from runtime.messages import TokenizedGenerateReq
+from runtime.sampling_params import SamplingParams
+from runtime.scheduler import Scheduler
+
+SYSTEM = "You are a concise assistant. Answer in one short sentence."
+
+
+@pytest.fixture(scope="module")
+def tok(smollm_path):
+    from runtime.tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf(smollm_path)
+
+
+def chat(tok, question: str, system: str = SYSTEM) -> list[int]:
+    return tok.encode_chat([{"role": "system", "content": system}, {"role": "user", "content": question}])
+
+
+class Driver:
+    """A tiny in-test serving loop: submit requests, step until idle, collect outputs per rid."""
+
+    def __init__(self, runner, tok, allocator=None, **cfg) -> None:
+        self.runner = runner
+        alloc = allocator or runner.allocator
+        config = make_config(max_total_tokens=alloc.num_slots, strict_memory_check=True,
+                             max_running_requests=runner.req_to_token.size, **cfg)
+        self.sched = Scheduler(runner, alloc, runner.req_to_token, config, runner.eos_token_ids, tok.decode)
+        self.outs: dict[str, list] = {}
+
+    def submit(self, rid: str, ids: list[int], max_new: int = 16, **params) -> None:
+        params.setdefault("temperature", 0.0)
+        sp = SamplingParams(max_new_tokens=max_new, **params)
+        self.sched.handle(TokenizedGenerateReq(rid=rid, input_ids=ids, sampling_params=sp))
+
+    def run(self) -> None:
+        for _ in range(5000):
+            if not self.sched.has_work():
+                break
+            for o in self.sched.step():
+                self.outs.setdefault(o.rid, []).append(o)
+        assert not self.sched.has_work()
+        self.sched.step()  # idle step: the strict memory check
+        assert self.sched.check_memory(strict=True)
+
+    def ids(self, rid: str) -> list[int]:
+        return [t for o in self.outs[rid] for t in o.new_ids]
+
+    def final(self, rid: str):
+        return self.outs[rid][-1]
+
+    def close(self) -> None:
+        st = self.sched.internal_state()
+        assert st["kv_locked_slots"] == 0
+        assert st["kv_free_slots"] + st["kv_evictable_slots"] == st["max_total_num_tokens"]
+        assert self.sched.flush_cache().success
+
+
+def generate(runner, tok, prompts: dict[str, list[int]], max_new: int = 8, allocator=None,
+             waves: list[list[str]] | None = None, **cfg) -> tuple[dict[str, list[int]], Driver]:
+    """Greedy outputs (ignore_eos, so lengths are fixed); `waves`: rid groups submitted one after another."""
+    d = Driver(runner, tok, allocator, **cfg)
+    try:
+        for wave in waves or [list(prompts)]:
+            for rid in wave:
+                d.submit(rid, prompts[rid], max_new, ignore_eos=True)
+            d.run()
+        return {rid: d.ids(rid) for rid in prompts}, d
+    finally:
+        d.close()
+
+
+QUESTIONS = ["What is the capital of France?", "Name a primary color.", "Which planet is closest to the sun?"]
+
+
+@pytest.fixture(scope="module")
+def prompts(tok) -> dict[str, list[int]]:
+    return {f"q{i}": chat(tok, q) for i, q in enumerate(QUESTIONS)}
+
+
+@pytest.fixture(scope="module")
+def no_cache_outputs(smollm_runner, tok, prompts) -> dict[str, list[int]]:
+    """The reference: all prompts in one batch, radix cache off."""
+    return generate(smollm_runner, tok, prompts, disable_radix_cache=True)[0]
+
+
+def test_greedy_identical_with_cache_on_off_and_across_batch_mixes(smollm_runner, tok, prompts, no_cache_outputs):
+    assert "Paris" in tok.decode(no_cache_outputs["q0"])
+    # q0 alone first; then all three (q0 again as "again"), chunked, with q0's prompt + output in the tree.
+    both = dict(prompts, again=prompts["q0"])
+    mixed, d = generate(smollm_runner, tok, both, waves=[["q0"], ["q2", "again", "q1"]], chunked_prefill_size=16)
+    assert mixed["again"] == mixed["q0"]
+    del mixed["again"]
+    assert mixed == no_cache_outputs
+    assert d.final("again").cached_tokens == len(prompts["q0"]) - 1
+    assert d.final("q1").cached_tokens >= 15  # the shared system prompt
+
+
+def test_second_request_sharing_a_300_token_prefix_hits(smollm_runner, tok):
+    doc = " ".join(f"Fact {i}: the radix tree stores shared token prefixes once." for i in range(30))
+    first = chat(tok, "Summarize the facts.", system=doc)
+    second = chat(tok, "How many facts are there?", system=doc)
+    d = Driver(smollm_runner, tok)
+    try:
+        d.submit("a", first, 1)
+        d.run()
+        d.submit("b", second, 1)
+        d.run()
+        assert d.final("a").cached_tokens == 0
+        assert d.final("b").cached_tokens >= 300
+        assert d.sched.internal_state()["cache_hit_rate"] > 0.4
+    finally:
+        d.close()
+
+
+def test_chat_turn_two_hits_turn_one_prompt_and_answer(smollm_runner, tok):
+    msgs = [{"role": "user", "content": "Tell me a fun fact about octopuses."}]
+    turn1 = tok.encode_chat(msgs)
+    d = Driver(smollm_runner, tok)
+    try:
+        d.submit("t1", turn1, 8)
+        d.run()
+        answer = d.ids("t1")
+        msgs += [{"role": "assistant", "content": tok.decode(answer)}, {"role": "user", "content": "Another one?"}]
+        turn2 = tok.encode_chat(msgs)
+        d.submit("t2", turn2, 1)
+        d.run()
+        cached = d.final("t2").cached_tokens
+        assert cached >= len(turn1) + len(answer) - 3, (cached, len(turn1), len(answer))
+    finally:
+        d.close()
+
+
+def test_tiny_pool_forces_retraction_with_identical_greedy_outputs(smollm_runner, tok, prompts, no_cache_outputs):
+    # Room for the prompts and 4 decode steps of all three: decode must retract, outputs must not change.
+    ps = list(prompts.values())
+    common = next(i for i in range(len(ps[0])) if len({p[i] for p in ps}) > 1)  # shared system prompt
+    small = SlotAllocator(sum(map(len, ps)) - (len(ps) - 1) * common + 12, strict=True)
+    tight, d = generate(smollm_runner, tok, prompts, allocator=small, schedule_conservativeness=0.05)
+    assert d.sched.internal_state()["num_retracted_reqs"] > 0
+    assert tight == no_cache_outputs
+
+
+def test_seeds_reproduce_whatever_the_batch(smollm_runner, tok):
+    ids = chat(tok, "Write a word.")
+    d = Driver(smollm_runner, tok)
+    try:
+        d.submit("alone", ids, 6, temperature=1.0, sampling_seed=7, ignore_eos=True)
+        d.run()
+        d.submit("mixed", ids, 6, temperature=1.0, sampling_seed=7, ignore_eos=True)
+        d.submit("other", chat(tok, "Count to three."), 6, temperature=1.0, sampling_seed=3, ignore_eos=True)
+        d.submit("seed8", ids, 6, temperature=1.0, sampling_seed=8, ignore_eos=True)
+        d.run()
+        assert d.ids("alone") == d.ids("mixed")
+        assert d.ids("seed8") != d.ids("alone")
+    finally:
+        d.close()
