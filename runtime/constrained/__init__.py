@@ -8,6 +8,8 @@ Public API (see backend.py for the threading model, grammar.py for the per-step 
     Grammar: accept_token, is_terminated, fill_mask, write_bitmask, jump_forward, jump_forward_bytes, rollback,
              replace_tail, advance_text, copy
     apply_grammar_masks(logits, grammars), fill_masks(grammars, mask), plan_jump_forward(...) -> JumpPlan
+Scheduler seam (runtime/launch.py): create_grammar_backend(cfg, tok); backend.get_future(SamplingParams) ->
+    SchedulerFuture | None (result() -> Grammar or raises GrammarCompileError). Server: validate_params(sp).
 Names load lazily so the compile worker (which needs only schema.py) never imports torch.
 """
 
@@ -18,6 +20,8 @@ from typing import Any
 
 _WHERE = {
     "GrammarBackend": "backend", "GrammarError": "backend", "GrammarFuture": "backend",
+    "GrammarCompileError": "backend", "SchedulerFuture": "backend", "create_grammar_backend": "backend",
+    "params_constraint": "backend", "validate_params": "backend",
     "CompiledGrammar": "grammar", "Grammar": "grammar", "JumpPlan": "grammar", "apply_grammar_masks": "grammar",
     "fill_masks": "grammar", "plan_jump_forward": "grammar", "unpack_bitmask": "grammar",
     "GrammarValidationError": "schema", "to_regex": "schema", "validate": "schema",

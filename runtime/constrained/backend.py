@@ -371,3 +371,84 @@ def _pct(sorted_vals: list[float], q: float) -> float:
     if not sorted_vals:
         return 0.0
     return sorted_vals[min(len(sorted_vals) - 1, int(q * len(sorted_vals)))]
+
+
+# ------------------------------------------------------------ scheduler seam (runtime/scheduler Protocol)
+
+
+class GrammarCompileError(ValueError):
+    """Raised by the scheduler seam's future for a failed or timed-out compile."""
+
+    def __init__(self, err: GrammarError) -> None:
+        super().__init__(err.message)
+        self.code = err.code
+        self.timed_out = err.timed_out
+
+
+class SchedulerFuture:
+    """`done()`, `result()` (a Grammar, whose `copy()` the scheduler takes; raises GrammarCompileError),
+    `cancel()`: the shape runtime/scheduler/scheduler.py's GrammarBackend Protocol polls."""
+
+    def __init__(self, inner: GrammarFuture) -> None:
+        self.inner = inner
+
+    def done(self) -> bool:
+        return self.inner.done()
+
+    def result(self) -> Grammar:
+        out = self.inner.result()
+        if out is None:
+            raise RuntimeError("grammar compile has not finished")
+        if isinstance(out, GrammarError):
+            raise GrammarCompileError(out)
+        return out
+
+    def cancel(self) -> None:
+        self.inner.cancel()
+
+
+def params_constraint(params) -> tuple[str, str] | None:  # noqa: ANN001 (SamplingParams)
+    """(kind, spec) of a SamplingParams' constraint, or None. ebnf maps to kind "ebnf" (unsupported here)."""
+    import json
+
+    if params.regex is not None:
+        return "regex", params.regex
+    if params.json_schema is not None:
+        return "json_schema", params.json_schema
+    if params.choices is not None:
+        return "choices", json.dumps(list(params.choices))
+    if params.ebnf is not None:
+        return "ebnf", params.ebnf
+    return None
+
+
+def _get_future(self: GrammarBackend, params) -> SchedulerFuture | None:  # noqa: ANN001
+    kc = params_constraint(params)
+    if kc is None:
+        return None
+    if kc[0] == "ebnf":
+        return SchedulerFuture(GrammarFuture(outcome=GrammarError("ebnf grammars are not supported by the "
+                                                                  "outlines grammar backend")))
+    return SchedulerFuture(self.submit(*kc))
+
+
+GrammarBackend.get_future = _get_future  # the scheduler seam: get_future(SamplingParams) -> future | None
+
+
+def create_grammar_backend(cfg, tok) -> GrammarBackend | None:  # noqa: ANN001 (runtime.config.Config, Tokenizer)
+    """What runtime/launch.py calls in the scheduler process."""
+    if cfg.grammar.grammar_backend == "none":
+        return None
+    return GrammarBackend.from_tokenizer(tok, cfg.grammar)
+
+
+def validate_params(params, whitespace: str | None = None) -> None:  # noqa: ANN001 (SamplingParams)
+    """Server-side check of a request's constraint (400 on GrammarValidationError, a ValueError)."""
+    kc = params_constraint(params)
+    if kc is None:
+        return
+    if kc[0] == "ebnf":
+        from runtime.constrained.schema import GrammarValidationError
+
+        raise GrammarValidationError("ebnf grammars are not supported by the outlines grammar backend")
+    _validate(kc[0], kc[1], whitespace)

@@ -320,3 +320,28 @@ def test_jump_forward_forces_long_keys_and_retokenizes(backend, tok, bias) -> No
 def test_free_positions_have_no_jump(backend) -> None:
     g = backend.compile_blocking("regex", r"[a-z]{1,3}")
     assert g.jump_forward() is None and g.jump_forward_bytes() is None
+
+
+def test_scheduler_seam_get_future_and_validate_params(backend) -> None:
+    from runtime.constrained import GrammarCompileError, validate_params
+    from runtime.sampling_params import SamplingParams
+
+    assert backend.get_future(SamplingParams()) is None
+    fut = backend.get_future(SamplingParams(choices=["yes", "no"]))
+    deadline = time.monotonic() + 60
+    while not fut.done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    g = fut.result().copy()
+    assert isinstance(g, Grammar) and g.jump_forward() is None
+    bad = backend.get_future(SamplingParams(regex="(("))
+    while not bad.done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(GrammarCompileError, match="invalid regex"):
+        bad.result()
+    ebnf = backend.get_future(SamplingParams(ebnf="root ::= 'a'"))
+    assert ebnf.done()
+    with pytest.raises(GrammarCompileError, match="ebnf"):
+        ebnf.result()
+    validate_params(SamplingParams(json_schema='{"type": "integer"}'))
+    with pytest.raises(ValueError, match="invalid JSON schema"):
+        validate_params(SamplingParams(json_schema='{"type": "strnig"}'))
