@@ -29,8 +29,10 @@ def _room_needed(reqs: list[Req]) -> int:
     return sum(max(min(r.remaining_new_tokens, RETRACT_DECODE_STEPS), 1) for r in reqs)
 
 
-def plan_decode(kv: KVManager, running: list[Req]) -> DecodePlan:
-    """Plan one decode step over `running` (which it shrinks in place by the retracted/aborted ones)."""
+def plan_decode(kv: KVManager, running: list[Req], others_hold_slots: bool = False) -> DecodePlan:
+    """Plan one decode step over `running` (which it shrinks in place by the retracted/aborted ones).
+    `others_hold_slots`: a chunked prefill holds slots too, so a lone request that cannot decode is
+    retracted (to wait for them) rather than aborted."""
     retracted: list[Req] = []
     aborted: list[tuple[Req, str]] = []
     if kv.available() < len(running):
@@ -44,7 +46,11 @@ def plan_decode(kv: KVManager, running: list[Req]) -> DecodePlan:
         if kv.available() < len(victims):
             req = victims.pop()
             kv.release(req)
-            aborted.append((req, f"KV cache pool ({kv.total} slots) is too small for this request"))
+            if others_hold_slots:
+                req.num_retractions += 1
+                retracted.append(req)
+            else:
+                aborted.append((req, f"KV cache pool ({kv.total} slots) is too small for this request"))
         keep = {id(r) for r in victims}
         running[:] = [r for r in running if id(r) in keep]
     if not running:

@@ -186,7 +186,7 @@ class Scheduler:
             return plan.batch
         if not self.running:
             return None
-        dplan = plan_decode(self.kv, self.running)
+        dplan = plan_decode(self.kv, self.running, others_hold_slots=self.chunked is not None)
         if dplan.retracted:
             self.waiting.extend(dplan.retracted)
             self.stats["num_retracted_reqs"] += len(dplan.retracted)
