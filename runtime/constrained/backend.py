@@ -122,6 +122,7 @@ class _Worker:
     def __init__(self, init_frame: bytes) -> None:
         self._init = init_frame
         self.proc: subprocess.Popen | None = None
+        self.crashed = False
 
     def _spawn(self) -> None:
         env = dict(os.environ)
@@ -156,7 +157,9 @@ class _Worker:
             have_header = True
 
     def compile(self, job_id: int, kind: str, spec: str, ws: str | None, timeout: float) -> dict | None:
-        """The worker's reply, or None when it ran past `timeout` (the process is killed) or died."""
+        """The worker's reply, or None when it ran past `timeout` (the process is killed) or died (then
+        `self.crashed` is set)."""
+        self.crashed = False
         if self.proc is None or self.proc.poll() is not None:
             self._spawn()
         data = msgspec.msgpack.encode({"op": "compile", "id": job_id, "kind": kind, "spec": spec, "ws": ws})
@@ -168,6 +171,7 @@ class _Worker:
             return None
         reply = self._read(time.monotonic() + timeout)
         if reply is None:
+            self.crashed = self.proc.poll() is not None
             self.kill()
         return reply
 
@@ -330,6 +334,12 @@ class GrammarBackend:
         with self._lock:
             self._times.append(wall)
             self._compile_time_total += wall
+        if reply is None and worker.crashed:
+            with self._lock:
+                self._counts["failed"] += 1
+                self._counts["worker_restarts"] += 1
+            return GrammarError(f"grammar compile worker died compiling this {kind} (memory limit?)",
+                                code="grammar_too_complex"), 0
         if reply is None:
             with self._lock:
                 self._counts["timeouts"] += 1

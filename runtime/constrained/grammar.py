@@ -249,13 +249,15 @@ def _bit(i: int) -> int:
 # ------------------------------------------------------------ batched masks
 
 
-_SHIFTS = torch.arange(32, dtype=torch.int32)
+_POW = torch.tensor([_bit(j) for j in range(32)], dtype=torch.int32)  # 1 << j as int32
 
 
-def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
-    """int32 [B, W] bitmask -> bool [B, vocab] (bit j of word w is token 32*w + j)."""
-    bits = (bitmask.unsqueeze(-1) >> _SHIFTS.to(bitmask.device)) & 1
-    return bits.view(bitmask.shape[0], -1)[:, :vocab].bool()
+def unpack_bitmask(bitmask: torch.Tensor, vocab: int, allowed: bool = True) -> torch.Tensor:
+    """int32 [B, W] bitmask -> bool [B, vocab] (bit j of word w is token 32*w + j): the allowed tokens, or the
+    disallowed ones with allowed=False (saves a negation pass)."""
+    words = bitmask.unsqueeze(-1) & _POW.to(bitmask.device)
+    bits = words != 0 if allowed else words == 0
+    return bits.view(bitmask.shape[0], -1)[:, :vocab]
 
 
 def fill_masks(grammars: Sequence[Grammar | None], mask: torch.Tensor) -> None:
@@ -281,12 +283,12 @@ def apply_grammar_masks(logits: torch.Tensor, grammars: Sequence[Grammar | None]
     bm = torch.zeros((len(rows), (v + 31) // 32), dtype=torch.int32)
     for j, i in enumerate(rows):
         grammars[i].write_bitmask(bm[j])
-    allowed = unpack_bitmask(bm.to(logits.device, non_blocking=True), v)
+    banned = unpack_bitmask(bm.to(logits.device, non_blocking=True), v, allowed=False)
     if len(rows) == logits.shape[0]:
-        logits.masked_fill_(~allowed, float("-inf"))
+        logits.masked_fill_(banned, float("-inf"))
     else:
         idx = torch.tensor(rows, device=logits.device)
-        logits[idx] = logits[idx].masked_fill(~allowed, float("-inf"))
+        logits[idx] = logits[idx].masked_fill(banned, float("-inf"))
 
 
 # ------------------------------------------------------------ jump-forward re-tokenization

@@ -8,7 +8,8 @@ Protocol over stdin/stdout, each frame = 4-byte big-endian length + a msgpack ma
                        "code": str, "secs": float}
 `index` is outlines-core's own serialization (`Index.__reduce__()` -> `Index.from_binary(bytes)`), so what
 crosses the boundary is plain bytes. The worker is single-threaded; a runaway compile is stopped by the parent
-killing the process (see backend.py), never by cooperation.
+killing the process (see backend.py), never by cooperation; its address space is capped (WORKER_MEMORY_LIMIT) so
+an exploding build dies (reported as a crash) instead of swapping the machine.
 """
 
 from __future__ import annotations
@@ -71,7 +72,16 @@ def compile_one(vocabulary, kind: str, spec: str, ws: str | None) -> dict:  # no
                 "code": "invalid_value", "secs": time.perf_counter() - t0}
 
 
+WORKER_MEMORY_LIMIT = 4 << 30  # address-space cap: an exploding index build dies here instead of swapping
+
+
 def main() -> int:
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_LIMIT, WORKER_MEMORY_LIMIT))
+    except (ImportError, ValueError, OSError):
+        pass
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but frames on the real stdout
     init = read_frame(inp)
