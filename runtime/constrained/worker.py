@@ -14,6 +14,7 @@ an exploding build dies (reported as a crash) instead of swapping the machine.
 
 from __future__ import annotations
 
+import os
 import struct
 import sys
 import time
@@ -75,7 +76,24 @@ def compile_one(vocabulary, kind: str, spec: str, ws: str | None) -> dict:  # no
 WORKER_MEMORY_LIMIT = 4 << 30  # address-space cap: an exploding index build dies here instead of swapping
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker when the thread that spawned it dies (a killed scheduler leaves no orphan,
+    even mid-compile, when the Rust build holds the GIL and no Python watchdog could run)."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def main() -> int:
+    parent = os.getppid()
+    _die_with_parent()
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        return 1
     try:
         import resource
 

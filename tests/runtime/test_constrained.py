@@ -345,3 +345,47 @@ def test_scheduler_seam_get_future_and_validate_params(backend) -> None:
     validate_params(SamplingParams(json_schema='{"type": "integer"}'))
     with pytest.raises(ValueError, match="invalid JSON schema"):
         validate_params(SamplingParams(json_schema='{"type": "strnig"}'))
+
+
+def test_workers_die_with_their_parent() -> None:
+    """A SIGKILLed owner (scheduler) leaves no compile worker behind, even one busy with a runaway compile."""
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys, time\n"
+        "from runtime.constrained import GrammarBackend\n"
+        "vocab = [bytes([b]) for b in range(256)] + [None]\n"
+        "be = GrammarBackend(vocab, frozenset({256}))\n"
+        "while any(w.proc is None for w in be._workers): time.sleep(0.05)\n"
+        "be.submit('regex', r'\"([^\"\\\\]|\\\\[\"\\\\/bfnrt]){0,60}\"')\n"
+        "print(json.dumps([w.proc.pid for w in be._workers]), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=root,
+                             env={**os.environ, "PYTHONPATH": root})
+    try:
+        pids = json.loads(owner.stdout.readline())
+        assert len(pids) == 2
+        time.sleep(0.3)
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        alive = set(pids)
+        while alive and time.monotonic() < deadline:
+            for pid in list(alive):
+                try:
+                    os.kill(pid, 0)
+                    with open(f"/proc/{pid}/stat") as f:  # a zombie waiting for init to reap it is gone too
+                        if f.read().split(") ")[-1].startswith("Z"):
+                            alive.discard(pid)
+                except (ProcessLookupError, FileNotFoundError):
+                    alive.discard(pid)
+            time.sleep(0.1)
+        assert not alive, f"orphaned compile workers: {alive}"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
