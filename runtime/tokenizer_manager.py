@@ -239,6 +239,8 @@ class TokenizerManager:
         if len(sp.stop) > srv.max_stop_strings or any(len(s) > srv.max_stop_string_len for s in sp.stop):
             raise RequestError(f"at most {srv.max_stop_strings} stop strings of at most "
                                f"{srv.max_stop_string_len} characters", "sampling_params.stop")
+        if any(x is not None for x in (sp.regex, sp.json_schema, sp.ebnf, sp.choices)):
+            self._check_constraint(sp)
         if not 0 <= req.top_logprobs_num <= srv.max_top_logprobs:
             raise RequestError(f"top_logprobs_num must be in [0, {srv.max_top_logprobs}]", "top_logprobs_num")
         if req.text is not None:
@@ -264,6 +266,21 @@ class TokenizerManager:
         if sp.max_new_tokens > room:
             sp = msgspec.structs.replace(sp, max_new_tokens=room)  # the default, not asked for: clamp
         return sp, ids
+
+    def _check_constraint(self, sp: SamplingParams) -> None:
+        """The grammar backend's cheap front-end check, so a bad regex or schema is a 400 here."""
+        if self.cfg.grammar.grammar_backend == "none":
+            raise RequestError("constrained decoding is off (--grammar-backend none)", "sampling_params")
+        try:
+            from runtime.constrained import validate_params
+        except ImportError:
+            return
+        try:
+            validate_params(sp, self.cfg.grammar.constrained_json_whitespace_pattern)
+        except ValueError as e:
+            kind = next(k for k in ("regex", "json_schema", "ebnf", "choices") if getattr(sp, k) is not None)
+            raise RequestError(f"{kind}: {e}"[:500], f"sampling_params.{kind}",
+                               getattr(e, "code", "invalid_value")) from None
 
     def result(self, st: ReqState) -> dict[str, Any]:
         """A native /generate result for `st` (cumulative text), plus `index`."""

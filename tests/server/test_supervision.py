@@ -7,7 +7,9 @@ import os
 import signal
 import time
 
-from tests.server.conftest import alive, descendants
+import pytest
+
+from tests.server.conftest import ServerProc, alive, descendants
 
 
 def _children(server) -> dict[str, int]:
@@ -80,24 +82,70 @@ def test_startup_failure_is_reported_and_exits_nonzero(server_factory):
     assert "the scheduler process failed to start: RuntimeError: no model here" in server.output
 
 
-def test_waiting_queue_bound_gives_503_with_retry_after(server_factory):
-    server = server_factory("--max-running-requests", "1", "--max-queued-requests", "1", fake=True).wait_ready()
+KEY = {"Authorization": "Bearer sekrit"}
+
+
+@pytest.fixture(scope="module")
+def guarded():
+    """One fake-scheduler server with an API key, SGLang metric names and a tiny queue bound."""
+    s = ServerProc("--max-running-requests", "1", "--max-queued-requests", "1", "--api-key", "sekrit",
+                   "--metrics-prefix", "sglang", fake=True)
+    try:
+        yield s.wait_ready()
+    finally:
+        s.stop()
+
+
+def test_api_key_required_except_on_health_and_metrics(guarded):
+    with guarded.client() as c:
+        r = c.post("/generate", json={"text": "a b", "sampling_params": {"max_new_tokens": 2}})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        r = c.get("/get_server_info", headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401
+        assert c.get("/health").status_code == 200
+        assert c.get("/health_generate").status_code == 200
+        assert c.get("/metrics").status_code == 200
+        r = c.post("/generate", json={"text": "a b", "sampling_params": {"max_new_tokens": 2}}, headers=KEY)
+        assert r.status_code == 200 and r.json()["text"] == "a b"
+        assert "api_key" not in c.get("/get_server_info", headers=KEY).json()
+
+
+def test_metrics_prefix_switches_to_sglang_names(guarded):
+    with guarded.client() as c:
+        text = c.get("/metrics").text
+    assert "sglang:num_running_reqs{" in text and "sglang:generation_tokens_total{" in text
+    assert "radixgen:" not in text
+
+
+def test_a_request_that_fails_in_the_scheduler_aborts_only_itself(guarded):
+    with guarded.client(headers=KEY) as c:
+        r = c.post("/generate", json={"input_ids": [13, 13, 13], "sampling_params": {"max_new_tokens": 2}})
+        assert r.status_code == 200
+        fr = r.json()["meta_info"]["finish_reason"]
+        assert fr["type"] == "abort" and "boom" in fr["message"]
+        assert c.post("/generate", json={"text": "ok", "sampling_params": {"max_new_tokens": 1}}).status_code == 200
+
+
+def test_waiting_queue_bound_gives_503_with_retry_after(guarded):
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         def long_request():
-            with server.client() as c:
+            with guarded.client(headers=KEY) as c:
                 return c.post("/generate", json={"text": "a b", "sampling_params": {"max_new_tokens": 300}})
 
         futs = [pool.submit(long_request) for _ in range(2)]
         time.sleep(0.5)
-        with server.client() as c:
+        with guarded.client(headers=KEY) as c:
             r = c.post("/generate", json={"text": "a b", "sampling_params": {"max_new_tokens": 4}})
             assert r.status_code == 503
             assert r.headers["retry-after"] == "1"
             assert r.json()["error"]["code"] == "server_overloaded"
         assert [f.result().status_code for f in futs] == [200, 200]
-    # and Ctrl-C (SIGINT) is a clean exit too
-    tree = descendants(server.proc.pid)
-    server.proc.send_signal(signal.SIGINT)
-    assert _wait_exit(server, 5) < 5
-    assert server.proc.returncode == 0
+
+
+def test_last_sigint_is_a_clean_exit(guarded):
+    """Must stay last: it ends the module's guarded server."""
+    tree = descendants(guarded.proc.pid)
+    guarded.proc.send_signal(signal.SIGINT)
+    assert _wait_exit(guarded, 5) < 5
+    assert guarded.proc.returncode == 0
     assert _all_gone(tree) == []
