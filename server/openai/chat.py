@@ -197,13 +197,14 @@ async def chat_completions(request: Request) -> Response:
     sp = P.sampling_params(body, srv, tm.vocab_size)
     n = P.n_choices(body, srv)
     max_new, max_key = P.max_tokens(body, ("max_completion_tokens", "max_tokens"))
-    cons = P.constraint(body)
+    cons, cons_param = P.constraint(body)
     if plan.constrained:
         if cons:
             logger.warning("tool_choice=%s with another constraint: the tool constraint is dropped", plan.mode)
             plan = T.ToolPlan(plan.tools, "auto")
         else:
-            cons = {"json_schema": json.dumps(plan.schema(), separators=(",", ":"))}
+            cons, cons_param = {"json_schema": json.dumps(plan.schema(), separators=(",", ":"))}, "tools"
+    P.check_constraint(cons, cons_param, state.cfg.grammar.constrained_json_whitespace_pattern)
     ids = _tokenize(body, state, tm, messages, plan)
     sp.update(cons, n=n, max_new_tokens=C.context_check(tm.context_len, len(ids), max_new, max_key, "messages"))
     cid = C.new_id("chatcmpl")

@@ -75,7 +75,7 @@ def parse_prompts(v: Any, tm: TokenizerManager) -> list[tuple[list[int], str | N
     return out
 
 
-def _constraint(body: P.Body) -> dict[str, str]:
+def _constraint(body: P.Body, whitespace: str | None) -> dict[str, str]:
     js = body.raw("json_schema")
     text = None
     if js is not None:
@@ -85,7 +85,9 @@ def _constraint(body: P.Body) -> dict[str, str]:
             except ValueError:
                 raise RequestError("'json_schema' is not valid JSON", "json_schema", "invalid_value") from None
         text = P.check_schema(js, "json_schema")
-    return P.constraint(body, text)
+    cons, param = P.constraint(body, text)
+    P.check_constraint(cons, param, whitespace)
+    return cons
 
 
 @router.post("/v1/completions")
@@ -109,7 +111,7 @@ async def completions(request: Request) -> Response:
     if stream and echo and k is not None:
         raise RequestError("'echo' with 'logprobs' is not supported when streaming", "echo", "invalid_value")
     sp = P.sampling_params(body, srv, tm.vocab_size)
-    sp.update(_constraint(body), n=n)
+    sp.update(_constraint(body, state.cfg.grammar.constrained_json_whitespace_pattern), n=n)
     max_new, _ = P.max_tokens(body, ("max_tokens",))
     reqs = []
     cid = C.new_id("cmpl")

@@ -279,8 +279,9 @@ def response_format_schema(v: Any) -> str | None:
     return check_schema(schema, "response_format.json_schema.schema")
 
 
-def constraint(body: Body, srv_json_schema: str | None = None) -> dict[str, str]:
-    """At most one of response_format / json_schema / regex / ebnf, as a sampling-params entry."""
+def constraint(body: Body, srv_json_schema: str | None = None) -> tuple[dict[str, str], str | None]:
+    """At most one of response_format / json_schema / regex / ebnf, as a sampling-params entry, and the
+    request parameter it came from (for errors)."""
     found: dict[str, tuple[str, str]] = {}  # param name -> (sampling key, value)
     rf = response_format_schema(body.raw("response_format"))
     if rf is not None:
@@ -302,4 +303,22 @@ def constraint(body: Body, srv_json_schema: str | None = None) -> dict[str, str]
         names = ", ".join(found)
         raise RequestError(f"give at most one of response_format, json_schema, regex and ebnf (got {names})",
                            next(iter(found)), "invalid_value")
-    return {key: value for key, value in found.values()}
+    for param, (key, value) in found.items():
+        return {key: value}, param
+    return {}, None
+
+
+def check_constraint(cons: dict[str, str], param: str | None, whitespace: str | None) -> None:
+    """The grammar backend's cheap front-end check (unsupported keywords, recursion, size caps): a 400
+    before anything is scheduled. Skipped when the constrained-decoding package is absent."""
+    if not cons:
+        return
+    try:
+        from runtime.constrained.schema import validate
+    except ImportError:
+        return
+    ((kind, spec),) = cons.items()
+    try:
+        validate(kind, spec, whitespace)
+    except ValueError as e:
+        raise RequestError(f"'{param}': {e}"[:500], param, getattr(e, "code", "invalid_value")) from None

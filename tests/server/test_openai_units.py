@@ -116,7 +116,8 @@ def test_one_constraint_only():
     e = err(P.constraint, body(regex="a+", response_format={"type": "json_object"}))
     assert e.status == 400
     assert err(P.constraint, body(regex="((")).param == "regex"
-    assert P.constraint(body(regex="a+")) == {"regex": "a+"}
+    assert P.constraint(body(regex="a+")) == ({"regex": "a+"}, "regex")
+    assert P.constraint(body()) == ({}, None)
 
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -197,3 +198,17 @@ def test_prompt_without_native_tools():
     native, specs = T.prompt_messages(history, plan, native=True)
     assert specs == [T.parse_tools([WEATHER], None).tools[0].spec]
     assert native[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+
+
+@pytest.mark.parametrize("cons, code", [
+    ({"regex": "(a|aa){1,10000}"}, "grammar_too_complex"),
+    ({"json_schema": '{"$ref": "#"}'}, "grammar_too_complex"),
+    ({"json_schema": '{"type": "string", "minLength": 5, "maxLength": 2}'}, "invalid_value"),
+    ({"ebnf": "root ::= 'a'"}, "invalid_value"),
+])
+def test_check_constraint_uses_the_grammar_validator(cons, code):
+    pytest.importorskip("runtime.constrained.schema")
+    e = err(P.check_constraint, cons, "response_format", None)
+    assert (e.status, e.param, e.code) == (400, "response_format", code)
+    P.check_constraint({"json_schema": '{"type": "object"}'}, "response_format", None)
+    P.check_constraint({}, None, None)
