@@ -156,7 +156,7 @@ def summarize(outs: list[Out], duration: float) -> dict[str, float]:
     return res
 
 
-COLUMNS = [("max_concurrency", "conc"), ("completed", "ok"), ("request_throughput", "req/s"),
+COLUMNS = [("max_concurrency", "conc"), ("num_prompts", "prompts"), ("completed", "ok"), ("request_throughput", "req/s"),
            ("output_tok_s", "out tok/s"), ("ttft_mean_ms", "TTFT mean"), ("ttft_median_ms", "TTFT med"),
            ("ttft_p99_ms", "TTFT p99"), ("tpot_mean_ms", "TPOT mean"), ("tpot_median_ms", "TPOT med"),
            ("tpot_p99_ms", "TPOT p99"), ("itl_mean_ms", "ITL mean"), ("itl_median_ms", "ITL med"),
@@ -211,6 +211,8 @@ def main() -> None:
     p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s, Poisson (inf: all at once)")
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--concurrency-sweep", default=None, help="comma list: one run per max concurrency")
+    p.add_argument("--num-prompts-sweep", default=None,
+                   help="comma list parallel to --concurrency-sweep: the first N prompts for each run")
     p.add_argument("--warmup-requests", type=int, default=2)
     p.add_argument("--disable-ignore-eos", action="store_true")
     p.add_argument("--disable-stream", action="store_true")
@@ -231,17 +233,21 @@ def main() -> None:
         vocab = args.vocab_size or info.get("vocab_size") or 32000
         data = (random_dataset if args.dataset_name == "random" else shared_prefix_dataset)(args, vocab)
         sweep = [int(x) for x in args.concurrency_sweep.split(",")] if args.concurrency_sweep else [args.max_concurrency]
+        counts = ([int(x) for x in args.num_prompts_sweep.split(",")] if args.num_prompts_sweep
+                  else [args.num_prompts] * len(sweep))
+        if len(counts) != len(sweep):
+            raise SystemExit("--num-prompts-sweep needs one count per --concurrency-sweep entry")
         warm = [Req(r.input_ids[:16], 4) for r in data[:args.warmup_requests]]
         if warm:
             asyncio.run(run(base, warm, float("inf"), None, True, True, args.seed))
         rows = []
-        for conc in sweep:
+        for conc, count in zip(sweep, counts, strict=True):
             if args.flush_cache:
                 with httpx.Client(base_url=base, timeout=60) as c:
                     c.post("/flush_cache")
-            outs, duration = asyncio.run(run(base, data, args.request_rate, conc, not args.disable_ignore_eos,
+            outs, duration = asyncio.run(run(base, data[:count], args.request_rate, conc, not args.disable_ignore_eos,
                                              not args.disable_stream, args.seed))
-            row = {"max_concurrency": conc, **summarize(outs, duration)}
+            row = {"max_concurrency": conc, "num_prompts": count, **summarize(outs, duration)}
             rows.append(row)
             errors = sorted({o.error for o in outs if not o.ok})
             print(f"concurrency {conc}: {row['completed']} ok, {row['failed']} failed {errors[:3]}", flush=True)
@@ -263,7 +269,7 @@ def _write(args: argparse.Namespace, info: dict, out: str) -> None:
           f"{args.random_range_ratio}" if args.dataset_name == "random" else
           f"generated-shared-prefix, {args.gsp_num_groups} groups x {args.gsp_prompts_per_group}, system "
           f"{args.gsp_system_prompt_len}, question {args.gsp_question_len}, output {args.gsp_output_len}")
-    section = (f"\n## {args.dataset_name}: {args.num_prompts} prompts, request rate {args.request_rate}\n\n"
+    section = (f"\n## {args.dataset_name}, request rate {args.request_rate}\n\n"
                f"Model `{os.path.basename(info.get('model_path', '?'))}`; dataset {ds}; "
                f"ignore_eos {not args.disable_ignore_eos}; server args `{args.server_args or '(defaults)'}`; "
                f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Latencies in ms.\n\n{out}\n")

@@ -35,6 +35,7 @@ from runtime.config import Config, make_config
 from runtime.ipc import Endpoints, Receiver, Sender, remove_ipc_dir
 from runtime.messages import (
     BatchTokenOut,
+    InternalStateOut,
     ReadyMsg,
     ReqTokenOut,
     ShutdownReq,
@@ -177,8 +178,21 @@ class SchedulerLoop:
             fr = {"type": "abort", "message": f"internal error: {type(e).__name__}: {e}"}
             self._to_detok.send(BatchTokenOut(outs=[ReqTokenOut(rid=msg.rid, new_ids=[], finish_reason=fr)]))
             return
+        if isinstance(reply, InternalStateOut):
+            reply = InternalStateOut(state={**reply.state, **self._grammar_state()})
         if reply is not None:
             self._to_tm.send(reply)
+
+    def _grammar_state(self) -> dict[str, Any]:
+        """Grammar compile counters under SGLang's metric names (none without a grammar backend)."""
+        stats = getattr(getattr(self.scheduler, "grammar_backend", None), "stats", None)
+        if stats is None:
+            return {}
+        g = stats()
+        return {"num_grammar_total": g.get("compile_count", 0) + g.get("cache_hits", 0),
+                "num_grammar_cache_hit_total": g.get("cache_hits", 0),
+                "num_grammar_timeout_total": g.get("timeouts", 0),
+                "grammar_compilation_time_seconds_sum": g.get("compile_time_total", 0.0)}
 
 
 def _build_scheduler_loop(cfg: Config, ctx: zmq.Context, spec: dict) -> SchedulerLoop:

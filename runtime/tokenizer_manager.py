@@ -416,4 +416,4 @@ class TokenizerManager:
             cutoff = time.monotonic() - self._abort_timeout
             for rid in [r for r, st in self._states.items() if st.aborted_at is not None and st.aborted_at < cutoff]:
                 logger.warning("no abort confirmation for %s; dropping its state", rid)
-                del self._states[rid]
+                self._finish(self._states.pop(rid), {"type": "abort", "message": "aborted (not confirmed)"})

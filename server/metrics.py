@@ -132,7 +132,6 @@ class Metrics:
             hist("time_to_first_token_seconds", "Time to first token.", self.ttft)
             hist("inter_token_latency_seconds", "Time between output tokens.", self.itl)
             hist("e2e_request_latency_seconds", "End-to-end request latency.", self.e2e)
-            if "grammar_compilation_time_seconds_sum" in s:
-                metric("grammar_compilation_time_seconds_sum", "counter", "Grammar compile time.",
-                       [("", {}, s["grammar_compilation_time_seconds_sum"])])
+            metric("grammar_compilation_seconds_total", "counter", "Seconds spent compiling grammars.",
+                   [("", {}, s.get("grammar_compilation_time_seconds_sum", 0.0))])
         return "\n".join(lines) + "\n"
