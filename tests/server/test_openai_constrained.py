@@ -66,7 +66,9 @@ CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Rome", "Delhi", "Quito", "
 
 @pytest.fixture(scope="module")
 def server():
-    s = ServerProc("--max-total-tokens", "8192", "--log-level", "warning")
+    # a generous compile limit: 20+ schemas compile at once on a shared CPU (the limit itself is tested
+    # with the grammar backend)
+    s = ServerProc("--max-total-tokens", "8192", "--grammar-compile-timeout", "120", "--log-level", "warning")
     try:
         yield s.wait_ready(300)
     finally:

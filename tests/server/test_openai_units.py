@@ -77,7 +77,7 @@ def test_stream_options_needs_stream():
 
 
 @pytest.mark.parametrize("rf, expect", [
-    (None, None), ({"type": "text"}, None), ({"type": "json_object"}, {"type": "object"}),
+    (None, None), ({"type": "text"}, None), ({"type": "json_object"}, json.loads(P.JSON_OBJECT_SCHEMA)),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}, "strict": True}},
      {"type": "integer"}),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string"}}}, {"type": "string"}),
