@@ -122,18 +122,18 @@ def test_json_schema_outputs_all_validate(client):
 def test_json_object_outputs_are_objects(client):
     def run(i):
         return client.chat.completions.create(
-            model=client.model_name, max_tokens=MAX_TOKENS, temperature=0.7, seed=100 + i,
+            model=client.model_name, max_tokens=32, temperature=0.7, seed=100 + i,
             messages=[{"role": "system", "content": "Reply in JSON."},
                       {"role": "user", "content": f"Describe item {i} briefly."}],
             response_format={"type": "json_object"}, stop=None)
 
-    results = _parallel(run, list(range(6)))
+    results = _parallel(run, list(range(4)))
     for r in results:
         if r.choices[0].finish_reason == "stop":  # an object can be long; cut ones are at least a prefix
             assert isinstance(json.loads(r.choices[0].message.content), dict)
         else:
             assert r.choices[0].message.content.startswith("{")
-    assert sum(r.choices[0].finish_reason == "stop" for r in results) >= 3
+    assert sum(r.choices[0].finish_reason == "stop" for r in results) >= 2
 
 
 def _check_call(r, expect_name: str | None) -> None:
@@ -200,7 +200,7 @@ def test_tool_call_then_tool_result_turn(server, client):
     history = [{"role": "user", "content": "Weather in Paris?"},
                first.choices[0].message.model_dump(exclude_none=True),
                {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
-    second = client.chat.completions.create(model=client.model_name, max_tokens=8, temperature=0, tools=[WEATHER],
+    second = client.chat.completions.create(model=client.model_name, max_tokens=3, temperature=0, tools=[WEATHER],
                                             messages=history)
     assert second.choices[0].message.content or second.choices[0].message.tool_calls
     with httpx.Client(base_url=server.url, timeout=30) as c:

@@ -212,3 +212,121 @@ def test_check_constraint_uses_the_grammar_validator(cons, code):
     assert (e.status, e.param, e.code) == (400, "response_format", code)
     P.check_constraint({"json_schema": '{"type": "object"}'}, "response_format", None)
     P.check_constraint({}, None, None)
+
+
+# ---------------------------------------------------------------- the chat chunk sequence (fake handle)
+
+class FakeHandle:
+    """Yields TokenizerManager-shaped cumulative results: [(index, text, finish_reason), ...]."""
+
+    def __init__(self, steps, prompt_tokens=7):
+        self.steps, self.prompt_tokens = steps, prompt_tokens
+        self.rids = sorted({i for i, _, _ in steps})
+
+    async def __aiter__(self):
+        for i, text, fr in self.steps:
+            yield {"index": i, "text": text, "output_ids": [], "meta_info": {
+                "finish_reason": fr, "prompt_tokens": self.prompt_tokens, "completion_tokens": len(text),
+                "cached_tokens": 3}}
+
+
+def _events(steps, plan=None, n=1, include_usage=True):
+    import asyncio
+
+    from server.openai.streaming import ChatStream
+
+    def usage_of(metas):
+        return {"completion_tokens": sum(m["completion_tokens"] for m in metas)}
+
+    stream = ChatStream(FakeHandle(steps), {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1,
+                                            "model": "m", "system_fingerprint": None},
+                        n, plan or T.ToolPlan([], "none"), None, 0, include_usage, usage_of)
+
+    async def run():
+        return [ev async for ev in stream.events()]
+
+    return asyncio.run(run())
+
+
+STOP = {"type": "stop", "matched": 2}
+
+
+def test_stream_role_first_then_content_finish_and_usage():
+    evs = _events([(0, "He", None), (0, "Hello", None), (0, "Hello!", STOP)])
+    assert evs[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    deltas = [e["choices"][0]["delta"].get("content") for e in evs[1:-2]]
+    assert deltas == ["He", "llo", "!"]
+    assert evs[-2]["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop",
+                                     "matched_stop": 2}
+    assert evs[-1]["choices"] == [] and evs[-1]["usage"] == {"completion_tokens": 6}
+    assert all(e["usage"] is None for e in evs[:-1])
+    assert "usage" not in _events([(0, "x", STOP)], include_usage=False)[-1]
+
+
+def test_stream_n2_roles_for_each_index():
+    evs = _events([(1, "b", None), (0, "a", STOP), (1, "bb", STOP)], n=2)
+    assert [e["choices"][0]["index"] for e in evs[:2]] == [0, 1]
+    finals = {e["choices"][0]["index"] for e in evs if e["choices"] and e["choices"][0]["finish_reason"]}
+    assert finals == {0, 1}
+
+
+def test_stream_named_tool_streams_argument_fragments():
+    plan = T.parse_tools([WEATHER], {"type": "function", "function": {"name": "get_weather"}})
+    evs = _events([(0, '{"ci', None), (0, '{"city":"Rome"}', STOP)], plan)
+    calls = [e["choices"][0]["delta"]["tool_calls"][0] for e in evs if e["choices"]
+             and "tool_calls" in e["choices"][0]["delta"]]
+    assert calls[0]["id"].startswith("call_") and calls[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert "".join(c["function"]["arguments"] for c in calls) == '{"city":"Rome"}'
+    assert evs[-2]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_stream_auto_holds_a_call_and_streams_plain_text():
+    plan = T.parse_tools([WEATHER], "auto")
+    evs = _events([(0, '{"name": "get_weather", ', None),
+                   (0, '{"name": "get_weather", "arguments": {"city": "Oslo"}}', STOP)], plan)
+    assert not any(e["choices"] and e["choices"][0]["delta"].get("content") for e in evs[1:])
+    (call,) = next(e["choices"][0]["delta"]["tool_calls"] for e in evs if e["choices"]
+                   and "tool_calls" in e["choices"][0]["delta"])
+    assert call["index"] == 0 and call["function"]["name"] == "get_weather"
+    assert evs[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    evs = _events([(0, "Sun", None), (0, "Sunny.", STOP)], plan)
+    assert [e["choices"][0]["delta"].get("content") for e in evs[1:3]] == ["Sun", "ny."]
+
+
+def test_stream_abort_from_a_bad_grammar_raises_for_the_error_chunk():
+    import asyncio
+
+    from server.openai.streaming import guarded
+
+    fr = {"type": "abort", "message": "failed to compile the grammar: boom"}
+
+    async def run():
+        from server.openai.streaming import ChatStream
+
+        stream = ChatStream(FakeHandle([(0, "", fr)]), {"id": "x"}, 1, T.ToolPlan([], "none"), None, 0, False,
+                            lambda m: {})
+        return [b async for b in guarded(stream.events())]
+
+    out = asyncio.run(run())
+    assert out[-1] == b"data: [DONE]\n\n"
+    err = json.loads(out[-2][len(b"data: "):])
+    assert err["error"]["code"] == "invalid_value" and "boom" in err["error"]["message"]
+
+
+def test_chat_template_flag_name_file_or_model_default(tmp_path):
+    from types import SimpleNamespace
+
+    from runtime.chat_template import BUILTIN_TEMPLATES
+    from server.openai.chat import chat_template
+
+    def resolve(flag, model_template="{{ 'model' }}"):
+        state = SimpleNamespace(cfg=SimpleNamespace(server=SimpleNamespace(chat_template=flag)))
+        return chat_template(state, SimpleNamespace(tokenizer=SimpleNamespace(chat_template=model_template)))
+
+    assert resolve(None) == "{{ 'model' }}"
+    assert resolve("chatml") == BUILTIN_TEMPLATES["chatml"]
+    f = tmp_path / "t.jinja"
+    f.write_text("{{ messages[0]['content'] }}")
+    assert resolve(str(f)) == "{{ messages[0]['content'] }}"
+    assert err(resolve, "no-such-template").status == 500
+    assert err(resolve, None, None).status == 400  # no template at all: use --chat-template
