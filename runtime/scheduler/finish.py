@@ -33,7 +33,9 @@ def check_finished(req: Req, eos_ids: frozenset[int], decode_fn) -> None:
         return
     last = req.output_ids[-1]
     if req.grammar is not None and req.grammar.is_terminated():
-        req.finish_reason = finish_stop(last)
+        # Ended on EOS: a matched stop token (the detokenizer trims it). Ended because the grammar admits no
+        # continuation: the last token is content, so nothing is "matched" and it stays in the text.
+        req.finish_reason = finish_stop(last) if last in eos_ids else {"type": "stop", "matched": None}
         return
     if n < p.min_new_tokens:
         return

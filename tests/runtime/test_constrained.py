@@ -389,3 +389,24 @@ def test_workers_die_with_their_parent() -> None:
         if owner.poll() is None:
             owner.kill()
             owner.wait()
+
+
+def test_grammar_finish_keeps_the_last_content_token(backend, tok) -> None:
+    """runtime/scheduler/finish.py: a grammar that ends without EOS must not mark its last token as a matched
+    stop token (the detokenizer would cut it: '{"a":1' instead of '{"a":1}')."""
+    from runtime.core import Req
+    from runtime.sampling_params import SamplingParams
+    from runtime.scheduler.finish import check_finished
+
+    eos = frozenset(tok.eos_token_ids)
+    g = backend.compile_blocking("regex", r"ab")
+    for with_eos in (False, True):
+        req = Req("r", [1], SamplingParams(max_new_tokens=16, regex="ab"))
+        req.grammar = g.copy()
+        ids = tok.encode("ab", add_special_tokens=False) + ([next(iter(eos))] if with_eos else [])
+        for t in ids:
+            req.output_ids.append(t)
+            req.grammar.accept_token(t)
+            check_finished(req, eos, tok.decode)
+        assert req.finish_reason["type"] == "stop"
+        assert req.finish_reason["matched"] == (ids[-1] if with_eos else None)

@@ -436,6 +436,7 @@ def test_grammar_queue_and_mask():
     backend.futures[0].set_result(OnlyToken(9, 3))
     backend.futures[1].set_exception(ValueError("bad regex"))
     res = drain(sched, res)
-    assert res.ids("g") == [9, 9, 9] and res.final("g").finish_reason == {"type": "stop", "matched": 9}
+    # Grammar ended without EOS: the last token is content, not a matched stop token (so it is not trimmed).
+    assert res.ids("g") == [9, 9, 9] and res.final("g").finish_reason == {"type": "stop", "matched": None}
     assert res.final("bad").finish_reason["type"] == "abort" and "bad regex" in res.final("bad").finish_reason["message"]
     assert res.ids("plain") == reference(prompt(6), 3)
