@@ -41,19 +41,23 @@ def bench_prefill(runner, prompt_len: int, device: str) -> float:
         batch.release()
 
 
-def bench_decode(runner, bs: int, ctx: int, steps: int, device: str) -> float:
+def bench_decode(runner, bs: int, ctx: int, steps: int, runs: int, device: str) -> list[float]:
+    """Prefill bs contexts once, then `runs` timed runs of `steps` decode steps each; tokens/s per run."""
     prompts = [[(i * 31 + b * 977) % 40000 + 100 for i in range(ctx)] for b in range(bs)]
     batch = OfflineBatch(runner, prompts)
     try:
         batch.extend(prompts)
         nxt = [[1] for _ in range(bs)]
         batch.extend(nxt, is_decode=True)  # warm-up step
-        _sync(device)
-        t = time.perf_counter()
-        for _ in range(steps):
-            batch.extend(nxt, is_decode=True)
-        _sync(device)
-        return bs * steps / (time.perf_counter() - t)
+        out = []
+        for _ in range(runs):
+            _sync(device)
+            t = time.perf_counter()
+            for _ in range(steps):
+                batch.extend(nxt, is_decode=True)
+            _sync(device)
+            out.append(bs * steps / (time.perf_counter() - t))
+        return out
     finally:
         batch.release()
 
@@ -77,7 +81,7 @@ def main() -> None:
         pre = [bench_prefill(runner, args.prompt_len, args.device) for _ in range(args.runs)]
         row = {"dtype": dtype, "prefill": statistics.median(pre)}
         for bs in args.batch_sizes:
-            dec = [bench_decode(runner, bs, args.prompt_len, args.decode_steps, args.device) for _ in range(args.runs)]
+            dec = bench_decode(runner, bs, args.prompt_len, args.decode_steps, args.runs, args.device)
             row[f"decode_bs{bs}"] = statistics.median(dec)
         rows.append(row)
         print(row, flush=True)
