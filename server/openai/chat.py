@@ -65,7 +65,7 @@ def chat_template(state: ServerState, tm: TokenizerManager) -> str:
 # ---------------------------------------------------------------- messages
 
 
-def _content(v: Any, param: str, role: str, has_calls: bool) -> str | None:
+def _content(v: Any, param: str, role: str) -> str | None:
     if v is None:
         if role == "assistant":
             return None
@@ -113,7 +113,7 @@ def parse_messages(v: Any) -> list[dict[str, Any]]:
                                f"{role!r}"[:200], f"{p}.role", "invalid_value")
         calls = m.get("tool_calls")
         msg: dict[str, Any] = {"role": ROLES[role],
-                               "content": _content(m.get("content"), f"{p}.content", role, bool(calls))}
+                               "content": _content(m.get("content"), f"{p}.content", role)}
         if calls is not None:
             msg["tool_calls"] = _tool_calls(calls, f"{p}.tool_calls")
         for key in ("name", "tool_call_id", "reasoning_content"):
