@@ -207,7 +207,6 @@ async def chat_completions(request: Request) -> Response:
     P.check_constraint(cons, cons_param, state.cfg.grammar.constrained_json_whitespace_pattern)
     ids = _tokenize(body, state, tm, messages, plan)
     sp.update(cons, n=n, max_new_tokens=C.context_check(tm.context_len, len(ids), max_new, max_key, "messages"))
-    P.keep_grammar_tail(sp)
     cid = C.new_id("chatcmpl")
     handle = tm.submit(GenerateRequest(input_ids=ids, sampling_params=sp, rid=cid, stream=stream,
                                        return_logprob=want_lp, top_logprobs_num=top))

@@ -112,7 +112,6 @@ async def completions(request: Request) -> Response:
         raise RequestError("'echo' with 'logprobs' is not supported when streaming", "echo", "invalid_value")
     sp = P.sampling_params(body, srv, tm.vocab_size)
     sp.update(_constraint(body, state.cfg.grammar.constrained_json_whitespace_pattern), n=n)
-    P.keep_grammar_tail(sp)
     max_new, _ = P.max_tokens(body, ("max_tokens",))
     reqs = []
     cid = C.new_id("cmpl")

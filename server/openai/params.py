@@ -315,16 +315,6 @@ def constraint(body: Body, srv_json_schema: str | None = None) -> tuple[dict[str
     return {}, None
 
 
-def keep_grammar_tail(sp: dict[str, Any]) -> None:
-    """Constrained requests keep their last token's text. The scheduler ends a request whose grammar
-    terminated (say on the closing `}`) as `{"type": "stop", "matched": <that token id>}`, and the
-    detokenizer trims a matched stop token from the text: without this, every JSON output would lose its
-    last character. Stop strings, when given, are still trimmed (they need the trim)."""
-    if any(sp.get(k) is not None for k in ("json_schema", "regex", "ebnf")) and not sp.get("stop") \
-            and "no_stop_trim" not in sp:
-        sp["no_stop_trim"] = True
-
-
 def check_constraint(cons: dict[str, str], param: str | None, whitespace: str | None) -> None:
     """The grammar backend's cheap front-end check (unsupported keywords, recursion, size caps): a 400
     before anything is scheduled. Skipped when the constrained-decoding package is absent."""
