@@ -177,11 +177,56 @@ def bench_engine(tok, n: int = 16, max_new: int = 96) -> dict:  # noqa: ANN001
     return res
 
 
+def bench_model_validity() -> dict:
+    """The 30 test schemas and 20 test regexes on SmolLM2 at temperature 0.7 through the Engine."""
+    from runtime.engine import Engine
+    from tests.runtime.test_constrained import REGEXES
+
+    ask = "<|im_start|>user\nAnswer with a value matching this constraint: {}<|im_end|>\n<|im_start|>assistant\n"
+    with Engine(max_total_tokens=16384) as eng:
+        t = time.perf_counter()
+        outs = eng.generate([ask.format(json.dumps(s)[:300]) for s in SCHEMAS],
+                            [{"max_new_tokens": 160, "temperature": 0.7, "json_schema": json.dumps(s),
+                              "sampling_seed": i} for i, s in enumerate(SCHEMAS)])
+        ok, bad = 0, []
+        checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+        for s, o in zip(SCHEMAS, outs, strict=True):
+            try:
+                jsonschema.validate(json.loads(o["text"]), s, format_checker=checker)
+                ok += 1
+            except (ValueError, jsonschema.ValidationError):
+                bad.append((o["text"][:80], o["meta_info"]["finish_reason"]))
+        routs = eng.generate([ask.format(rx) for rx, _ in REGEXES],
+                             [{"max_new_tokens": 64, "temperature": 0.7, "regex": rx, "sampling_seed": i}
+                              for i, (rx, _) in enumerate(REGEXES)])
+        rok = sum(bool(mod.fullmatch(rx, o["text"])) for (rx, mod), o in zip(REGEXES, routs, strict=True))
+        rbad = [(rx, o["text"][:60], o["meta_info"]["finish_reason"]) for (rx, mod), o in
+                zip(REGEXES, routs, strict=True) if not mod.fullmatch(rx, o["text"])]
+        return {"schemas_ok": ok, "schemas_n": len(SCHEMAS), "bad": bad, "regex_ok": rok, "regex_n": len(REGEXES),
+                "rbad": rbad, "secs": time.perf_counter() - t,
+                "examples": [o["text"] for o in outs[8:11]] + [o["text"] for o in routs[:3]]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--skip-engine", action="store_true")
+    ap.add_argument("--validity", action="store_true", help="only the 30 schemas / 20 regexes on SmolLM2")
     args = ap.parse_args()
+    if args.validity:
+        v = bench_model_validity()
+        text = "\n".join([
+            "## SmolLM2 at temperature 0.7: the 30 test schemas and 20 test regexes (one Engine batch each)", "",
+            f"- JSON schemas: {v['schemas_ok']}/{v['schemas_n']} outputs parse and validate (jsonschema, 2020-12 "
+            f"format checker); failures: {v['bad']}",
+            f"- regexes: {v['regex_ok']}/{v['regex_n']} outputs `fullmatch`; failures: {v['rbad']}",
+            f"- wall time for both batches: {v['secs']:.1f} s",
+            "- examples: " + "; ".join(f"`{x}`" for x in v["examples"]), ""])
+        print(text)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write("\n" + text + "\n")
+        return
     import torch
 
     torch.set_num_threads(1)
