@@ -147,7 +147,7 @@ class _Worker:
                 left = deadline - time.monotonic()
                 if left <= 0 or not select.select([fd], [], [], left)[0]:
                     return None
-                chunk = os.read(fd, max(need - len(buf), 1 << 16))
+                chunk = os.read(fd, min(need - len(buf), 1 << 20))  # never past this frame
                 if not chunk:
                     return None
                 buf += chunk

@@ -50,7 +50,6 @@ class CompiledGrammar:
             return hit
         out = bytearray()
         s = state
-        path = [s]
         while len(out) < MAX_JUMP_BYTES and not self.index.is_final_state(s):
             firsts = {self._first_byte[t] for t in self.index.get_allowed_tokens(s) if t not in self.eos_ids}
             if len(firsts) != 1:
@@ -62,7 +61,6 @@ class CompiledGrammar:
                 break
             out.append(b)
             s = nxt
-            path.append(s)
         result = (bytes(out), s)
         self._forced[state] = result
         return result
