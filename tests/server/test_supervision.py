@@ -7,6 +7,7 @@ import os
 import signal
 import time
 
+import httpx
 import pytest
 
 from tests.server.conftest import ServerProc, alive, descendants
@@ -42,8 +43,24 @@ def _all_gone(pids, timeout: float = 3.0) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
-def test_scheduler_sigkill_stops_server_nonzero_without_orphans(server_factory):
-    server = server_factory(fake=True).wait_ready()
+def _first_health_status(server, timeout: float = 60.0) -> int:
+    """The status of the first /health answer once the port is bound (the children are still loading)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with httpx.Client(base_url=server.url, timeout=5) as c:
+                return c.get("/health").status_code
+        except httpx.TransportError:
+            time.sleep(0.05)
+    raise AssertionError("the port never opened")
+
+
+def test_health_503_until_ready_then_sigkill_of_scheduler_stops_server_without_orphans(server_factory):
+    server = server_factory(fake=True)
+    assert _first_health_status(server) == 503  # bound before the tokenizer and children are loaded
+    server.wait_ready()
+    with server.client() as c:
+        assert c.get("/health").status_code == 200
     tree = descendants(server.proc.pid)
     kids = _children(server)
     assert set(kids) == {"scheduler", "detokenizer"}, (kids, server.output)
