@@ -49,7 +49,8 @@ class Function:
         return Function(self.func, self.num_api_spec_tokens, {**self.bind_arguments, **kwargs})
 
     def _split(self, kwargs: dict) -> tuple[ir.SamplingParams, dict]:
-        sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in _RUN_KEYS}
+        # A program parameter with a sampling key's name stays the program's argument.
+        sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in _RUN_KEYS and k not in self.arg_names}
         if "max_tokens" in kwargs and "max_tokens" not in self.arg_names:
             sampling["max_new_tokens"] = kwargs.pop("max_tokens")
         return ir.run_defaults(**sampling), kwargs

@@ -306,3 +306,15 @@ def test_aborted_generation_is_an_error(fake, backend):
     assert isinstance(st.error(), fl.GenerationAborted) and "no grammar backend" in str(st.error())
     st = prog.run(stream=True, backend=backend)
     assert list(st.text_iter("x")) == [] and isinstance(st.error(), fl.GenerationAborted)
+
+
+def test_program_argument_named_like_a_sampling_key(fake, backend):
+    @fl.function
+    def prog(s, temperature):
+        s += f"It is {temperature} degrees. "
+        s += fl.gen("x", max_tokens=1)
+
+    st = prog.run(temperature=30, backend=backend, top_p=0.5)
+    assert st.text().startswith("It is 30 degrees.")
+    sp = fake.bodies("/generate")[-1]["sampling_params"]
+    assert sp["temperature"] == 1.0 and sp["top_p"] == 0.5
