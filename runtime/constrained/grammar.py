@@ -258,29 +258,30 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab: int, allowed: bool = True) -> t
     return bits.view(bitmask.shape[0], -1)[:, :vocab]
 
 
-def fill_masks(grammars: Sequence[Grammar | None], mask: torch.Tensor) -> None:
-    """mask: bool [B, V]; row i = allowed tokens of grammars[i] (all True where grammars[i] is None)."""
+def _constrained_bitmask(grammars: Sequence[Grammar | None], vocab_size: int) -> tuple[list[int], torch.Tensor]:
+    """(rows that have a grammar, their packed allowed-token bitmask int32 [len(rows), ceil(V / 32)])."""
     rows = [i for i, g in enumerate(grammars) if g is not None]
-    mask.fill_(True)
-    if not rows:
-        return
-    v = mask.shape[1]
-    bm = torch.zeros((len(rows), (v + 31) // 32), dtype=torch.int32)
+    bm = torch.zeros((len(rows), (vocab_size + 31) // 32), dtype=torch.int32)
     for j, i in enumerate(rows):
         grammars[i].write_bitmask(bm[j])
-    mask[torch.tensor(rows, device=mask.device)] = unpack_bitmask(bm, v).to(mask.device)
+    return rows, bm
+
+
+def fill_masks(grammars: Sequence[Grammar | None], mask: torch.Tensor) -> None:
+    """mask: bool [B, V]; row i = allowed tokens of grammars[i] (all True where grammars[i] is None)."""
+    mask.fill_(True)
+    rows, bm = _constrained_bitmask(grammars, mask.shape[1])
+    if rows:
+        mask[torch.tensor(rows, device=mask.device)] = unpack_bitmask(bm, mask.shape[1]).to(mask.device)
 
 
 def apply_grammar_masks(logits: torch.Tensor, grammars: Sequence[Grammar | None]) -> None:
     """Set disallowed logits to -inf in place for rows with a grammar; rows without one are not touched and a
     batch without grammars costs one list scan."""
-    rows = [i for i, g in enumerate(grammars) if g is not None]
-    if not rows:
+    if all(g is None for g in grammars):
         return
     v = logits.shape[1]
-    bm = torch.zeros((len(rows), (v + 31) // 32), dtype=torch.int32)
-    for j, i in enumerate(rows):
-        grammars[i].write_bitmask(bm[j])
+    rows, bm = _constrained_bitmask(grammars, v)
     banned = unpack_bitmask(bm.to(logits.device, non_blocking=True), v, allowed=False)
     if len(rows) == logits.shape[0]:
         logits.masked_fill_(banned, float("-inf"))
