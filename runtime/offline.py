@@ -59,13 +59,13 @@ def greedy_generate(
         logits = batch.extend(prompts)
         outs: list[list[int]] = [[] for _ in prompts]
         done = [False] * len(prompts)
-        for _ in range(max_new_tokens):
+        for step in range(max_new_tokens):
             nxt = logits.argmax(-1).tolist()
             for b, t in enumerate(nxt):
                 if not done[b]:
                     outs[b].append(t)
                     done[b] = t in eos_ids
-            if all(done) or len(outs[0]) >= max_new_tokens and all(len(o) >= max_new_tokens or d for o, d in zip(outs, done, strict=True)):
+            if all(done) or step == max_new_tokens - 1:  # no forward for a token nobody will read
                 break
             logits = batch.extend([[t] for t in nxt], is_decode=True)
         return outs
