@@ -2,7 +2,9 @@
 
 Extend goes request by request through the reference (its matmuls are large). Decode attends for the whole
 batch at once: each request's slots are gathered into a padded [B, L] block (L = longest sequence) and one
-masked SDPA call with grouped KV heads covers every request, instead of B small calls per layer.
+masked SDPA call with grouped KV heads covers every request, instead of B small calls per layer. When every
+request of a decode batch shares a long cached prefix (same slots, from the radix cache), the prefix is read
+once for the batch instead (kernels/cascade.py).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch.nn.functional as F
 
 from kernels import ref
 from kernels.api import AttnMetadata
+from kernels.cascade import cascade_decode_attention, plan_cascade
 
 
 class TorchAttnBackend:
@@ -20,6 +23,7 @@ class TorchAttnBackend:
         self.v_cache = v_cache
         self.scale = scale
         self.meta: AttnMetadata | None = None
+        self.use_cascade = True
 
     def init_forward(self, meta: AttnMetadata) -> None:
         self.meta = meta
@@ -39,12 +43,19 @@ class TorchAttnBackend:
         kc, vc = self.k_cache[layer_id], self.v_cache[layer_id]
         ref.store_kv(kc, vc, m.out_cache_loc, k, v)
         if m.batch_size == 1:
-            return ref.decode_attention(q, kc, vc, m.req_to_token, m.req_pool_indices, m.seq_lens_cpu, self.scale)
+            return ref.decode_attention(
+                q, kc, vc, m.req_to_token, m.req_pool_indices, m.seq_lens_cpu, self.scale
+            )
+        if self._cascade is not None:
+            return cascade_decode_attention(q, kc, vc, self._cascade, self.scale)
         return padded_decode_attention(q, kc, vc, self._slots, self._mask, self.scale)
 
     def _plan_decode(self, m: AttnMetadata) -> None:
         longest = max(m.seq_lens_cpu)
         self._slots = m.req_to_token[m.req_pool_indices, :longest].long()  # [B, L]
+        self._cascade = plan_cascade(self._slots, m.seq_lens) if self.use_cascade else None
+        if self._cascade is not None:
+            return
         pos = torch.arange(longest, device=m.seq_lens.device)
         self._mask = (pos.unsqueeze(0) < m.seq_lens.unsqueeze(1)).view(m.batch_size, 1, 1, longest)
 
@@ -57,5 +68,7 @@ def padded_decode_attention(
     up = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
     k = kc[slots].to(up).transpose(1, 2)  # [B, Hkv, L, D]
     v = vc[slots].to(up).transpose(1, 2)
-    out = F.scaled_dot_product_attention(q.to(up).unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    out = F.scaled_dot_product_attention(
+        q.to(up).unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=True
+    )
     return out.squeeze(2).to(dtype)  # [B, Hq, D]

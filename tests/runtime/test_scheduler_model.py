@@ -166,3 +166,21 @@ def test_seeds_reproduce_whatever_the_batch(smollm_runner, tok):
         assert d.ids("seed8") != d.ids("alone")
     finally:
         d.close()
+
+
+def test_shared_prefix_cascade_decode_equals_uncached(smollm_runner, tok, monkeypatch):
+    """Requests that hit one cached ~400-token prefix share its KV slots, so their decode batches take the
+    cascade path (prefix read once for the batch); greedy outputs equal a radix-off run (no shared slots)."""
+    import kernels.torch_backend as tb
+
+    doc = " ".join(f"Depot {i} holds {7 * i + 3} crates of copper wire, checked by Mara." for i in range(24))
+    prompts = {f"r{i}": chat(tok, q, system=doc) for i, q in enumerate(["How many crates in depot 3?",
+                                                                        "Who checks the depots?",
+                                                                        "What is stored in depot 5?"])}
+    plain, _ = generate(smollm_runner, tok, prompts, max_new=12, disable_radix_cache=True)
+    calls = []
+    real = tb.cascade_decode_attention
+    monkeypatch.setattr(tb, "cascade_decode_attention", lambda *a: calls.append(1) or real(*a))
+    cached, _ = generate(smollm_runner, tok, prompts, max_new=12, waves=[["r0"], ["r1", "r2"]])
+    assert calls, "the cascade path was not taken"
+    assert cached == plain
