@@ -1,0 +1,31 @@
+"""Shared helpers for the reliability battery: the scheduler's idle KV invariant read over HTTP.
+
+Servers are started with `tests.server.conftest.ServerProc` (free port on 127.0.0.1, whole tree stopped).
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+
+def internal(c: httpx.Client) -> dict:
+    r = c.get("/get_server_info")
+    assert r.status_code == 200, r.text
+    return r.json()["internal_states"][0]
+
+
+def idle_and_no_leak(st: dict) -> bool:
+    """Nothing running or waiting, and every KV slot is free or evictable (SGLang's idle leak check)."""
+    return (st["num_running_reqs"] == 0 and st["num_waiting_reqs"] == 0 and st["kv_locked_slots"] == 0
+            and st["kv_free_slots"] + st["kv_evictable_slots"] == st["max_total_num_tokens"])
+
+
+def wait_idle(c: httpx.Client, timeout: float = 10.0) -> dict:
+    """The internal state once idle with no leak, or the last one seen after `timeout` (asserted)."""
+    deadline = time.monotonic() + timeout
+    while not idle_and_no_leak(st := internal(c)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert idle_and_no_leak(st), st
+    return st
