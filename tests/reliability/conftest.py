@@ -18,8 +18,12 @@ def internal(c: httpx.Client) -> dict:
 
 def idle_and_no_leak(st: dict) -> bool:
     """Nothing running or waiting, and every KV slot is free or evictable (SGLang's idle leak check)."""
-    return (st["num_running_reqs"] == 0 and st["num_waiting_reqs"] == 0 and st["kv_locked_slots"] == 0
-            and st["kv_free_slots"] + st["kv_evictable_slots"] == st["max_total_num_tokens"])
+    return (
+        st["num_running_reqs"] == 0
+        and st["num_waiting_reqs"] == 0
+        and st["kv_locked_slots"] == 0
+        and st["kv_free_slots"] + st["kv_evictable_slots"] == st["max_total_num_tokens"]
+    )
 
 
 def wait_idle(c: httpx.Client, timeout: float = 10.0) -> dict:

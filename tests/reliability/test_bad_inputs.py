@@ -62,9 +62,20 @@ NATIVE = [
     (22, {"input_ids": [1.5]}, 400, "input_ids", "invalid_type"),
     (23, sp(n=0), 400, SP, "invalid_value"),
     (24, sp(n=100000), 400, "sampling_params.n", "invalid_value"),
-    (27, {"text": "hi", "return_logprob": True, "top_logprobs_num": 50}, 400, "top_logprobs_num", "invalid_value"),
-    (27, {"text": "hi", "return_logprob": True, "logprob_start_len": 99}, 400, "logprob_start_len",
-     "invalid_value"),
+    (
+        27,
+        {"text": "hi", "return_logprob": True, "top_logprobs_num": 50},
+        400,
+        "top_logprobs_num",
+        "invalid_value",
+    ),
+    (
+        27,
+        {"text": "hi", "return_logprob": True, "logprob_start_len": 99},
+        400,
+        "logprob_start_len",
+        "invalid_value",
+    ),
     (29, sp(stop=["x"] * 1000), 400, "sampling_params.stop", "invalid_value"),
     (29, sp(stop="x" * 1_000_000), 400, "sampling_params.stop", "invalid_value"),
     (30, sp(stop=[""]), 400, SP, "invalid_value"),
@@ -110,7 +121,9 @@ def _envelope(r: httpx.Response) -> dict:
     return err
 
 
-@pytest.mark.parametrize("row, body, status, param, code", NATIVE, ids=[f"row{c[0]}-{i}" for i, c in enumerate(NATIVE)])
+@pytest.mark.parametrize(
+    "row, body, status, param, code", NATIVE, ids=[f"row{c[0]}-{i}" for i, c in enumerate(NATIVE)]
+)
 def test_generate_bad_input(http, row, body, status, param, code):
     if isinstance(body, bytes):
         r = http.post(GEN, content=body, headers={"content-type": "application/json"})
@@ -125,6 +138,7 @@ def test_generate_bad_input(http, row, body, status, param, code):
 def test_body_of_100mb_chunked_is_413(http):
     """Row 4 without a Content-Length: the server counts the body while reading and refuses it past the cap
     (8 MiB) instead of buffering 100 MB."""
+
     def chunks():
         for _ in range(100):
             yield b"x" * (1024 * 1024)
@@ -137,7 +151,9 @@ def test_body_of_100mb_chunked_is_413(http):
 
 def test_text_plain_content_type(http):
     """Row 5: /v1 refuses text/plain (400); /generate parses JSON regardless of the header, as SGLang."""
-    r = http.post("/v1/completions", content=b'{"prompt":"x","max_tokens":1}', headers={"content-type": "text/plain"})
+    r = http.post(
+        "/v1/completions", content=b'{"prompt":"x","max_tokens":1}', headers={"content-type": "text/plain"}
+    )
     assert r.status_code == 400 and _envelope(r)["code"] == "invalid_content_type"
 
 
@@ -148,12 +164,25 @@ def test_model_omitted_uses_the_served_model(http):
     assert r.json()["model"] == http.get("/v1/models").json()["data"][0]["id"]
 
 
-@pytest.mark.parametrize("url", ["http://169.254.169.254/latest/meta-data", "file://../x", "file:///etc/passwd",
-                                 "data:image/png;base64,AAAA"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://169.254.169.254/latest/meta-data",
+        "file://../x",
+        "file:///etc/passwd",
+        "data:image/png;base64,AAAA",
+    ],
+)
 def test_media_urls_are_refused(http, url):
     """Row 40: the model takes no images, so every image part is a 400 and nothing is fetched."""
-    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"},
-                                                      {"type": "image_url", "image_url": {"url": url}}]}]}
+    body = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": url}}],
+            }
+        ]
+    }
     r = http.post("/v1/chat/completions", json=body)
     assert r.status_code == 400, r.text[:200]
     assert _envelope(r)["param"] == "messages[0].content[1].type"
