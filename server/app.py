@@ -84,6 +84,19 @@ class _HttpCounter:
         await self.app(scope, receive, counting_send)
 
 
+def flat_routes(routes: list) -> list:
+    """The leaf routes (with `path` and `methods`), looking through included routers (newer FastAPI keeps an
+    included router as one wrapper entry in `app.routes`)."""
+    out = []
+    for r in routes:
+        inner = getattr(r, "original_router", None)
+        if inner is not None:
+            out.extend(flat_routes(inner.routes))
+        elif hasattr(r, "path"):
+            out.append(r)
+    return out
+
+
 def create_app(state: ServerState) -> FastAPI:
     from server.native import router as native_router
 
@@ -98,7 +111,7 @@ def create_app(state: ServerState) -> FastAPI:
         openai_router = None
     if openai_router is not None:
         app.include_router(openai_router)
-    routes = frozenset(getattr(r, "path", "") for r in app.routes)
+    routes = frozenset(r.path for r in flat_routes(app.routes))
     srv = state.cfg.server
     app.add_middleware(_HttpCounter, metrics=state.metrics, routes=routes)
     app.add_middleware(GuardMiddleware, api_key=srv.api_key, max_body_bytes=srv.max_body_bytes)
