@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.ref import gather_slots
+
 CASCADE_MIN_PREFIX = 256  # shorter shared prefixes are not worth a second pass
 
 
@@ -59,16 +61,16 @@ def cascade_decode_attention(
     qf = q.to(f32).view(b, hkv, g, d)
     # Shared prefix: [Hkv, B*G, D] x [Hkv, D, P] in one bmm per step and layer.
     qp = qf.permute(1, 0, 2, 3).reshape(hkv, b * g, d)
-    kp = kc[plan.prefix_slots].to(f32).permute(1, 2, 0)  # [Hkv, D, P]
-    vp = vc[plan.prefix_slots].to(f32).transpose(0, 1)  # [Hkv, P, D]
+    kp = gather_slots(kc, plan.prefix_slots).to(f32).permute(1, 2, 0)  # [Hkv, D, P]
+    vp = gather_slots(vc, plan.prefix_slots).to(f32).transpose(0, 1)  # [Hkv, P, D]
     s1 = torch.bmm(qp, kp).mul_(scale)
     lse1 = torch.logsumexp(s1, -1, keepdim=True)  # [Hkv, B*G, 1]
     o1 = torch.bmm(torch.exp(s1 - lse1), vp)  # [Hkv, B*G, D]
     o1 = o1.view(hkv, b, g, d).permute(1, 0, 2, 3)  # [B, Hkv, G, D]
     lse1 = lse1.view(hkv, b, g, 1).permute(1, 0, 2, 3)
     # Per-request suffix, padded to the longest.
-    ks = kc[plan.suffix_slots].to(f32).transpose(1, 2)  # [B, Hkv, Ls, D]
-    vs = vc[plan.suffix_slots].to(f32).transpose(1, 2)
+    ks = gather_slots(kc, plan.suffix_slots).to(f32).transpose(1, 2)  # [B, Hkv, Ls, D]
+    vs = gather_slots(vc, plan.suffix_slots).to(f32).transpose(1, 2)
     s2 = torch.matmul(qf, ks.transpose(-1, -2)).mul_(scale)  # [B, Hkv, G, Ls]
     s2.masked_fill_(~plan.suffix_mask[:, None, None, :], float("-inf"))
     lse2 = torch.logsumexp(s2, -1, keepdim=True)

@@ -9,6 +9,13 @@ import torch
 import torch.nn.functional as F
 
 
+def gather_slots(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """cache [S, H, D], slots [...] int -> [..., H, D]. index_select on the flattened rows: same values as
+    `cache[slots]`, about 10x faster on CPU (row copies instead of the generic advanced-indexing kernel)."""
+    flat = cache.reshape(cache.shape[0], -1).index_select(0, slots.reshape(-1).long())
+    return flat.view(*slots.shape, *cache.shape[1:])
+
+
 def store_kv(
     k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> None:
@@ -60,7 +67,7 @@ def extend_attention(
     for row, plen, elen in zip(rows, prefix_lens, extend_lens, strict=True):
         slots = req_to_token[row, : plen + elen].long()
         qb = q[start : start + elen]
-        kb, vb = k_cache[slots], v_cache[slots]
+        kb, vb = gather_slots(k_cache, slots), gather_slots(v_cache, slots)
         out[start : start + elen] = _attend(_up(qb), _up(kb), _up(vb), scale, plen).to(q.dtype)
         start += elen
     return out
@@ -79,7 +86,7 @@ def decode_attention(
     out = torch.empty_like(q)
     for b, (row, slen) in enumerate(zip(req_pool_indices.tolist(), seq_lens, strict=True)):
         slots = req_to_token[row, :slen].long()
-        kb, vb = _up(k_cache[slots]), _up(v_cache[slots])
+        kb, vb = _up(gather_slots(k_cache, slots)), _up(gather_slots(v_cache, slots))
         out[b : b + 1] = _attend(_up(q[b : b + 1]), kb, vb, scale, slen - 1).to(q.dtype)
     return out
 
