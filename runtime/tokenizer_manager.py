@@ -303,11 +303,11 @@ class TokenizerManager:
     # ------------------------------------------------------------ abort and control
 
     def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
-        """Abort by rid (prefix match, as in the scheduler) or all; their consumers get an abort finish."""
+        """Abort `rid` and its samples `rid_i` (as the scheduler matches) or all; consumers get an abort finish."""
         self._send.send(AbortReq(rid=rid, abort_all=abort_all))
         now = time.monotonic()
         for st in self._states.values():
-            if abort_all or (rid is not None and st.rid.startswith(rid)):
+            if abort_all or (rid is not None and (st.rid == rid or st.rid.startswith(rid + "_"))):
                 st.aborted_at = st.aborted_at or now
 
     def _abort_state(self, st: ReqState) -> None:

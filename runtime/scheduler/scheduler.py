@@ -129,9 +129,10 @@ class Scheduler:
         return None
 
     def abort(self, rid: str | None, abort_all: bool = False, message: str = "aborted by client") -> None:
-        """Drop every request whose rid starts with `rid` (or all), wherever it is, freeing its KV."""
+        """Drop the request `rid` and its n>1 samples `rid_i` (or all), wherever they are, freeing their KV.
+        Not a bare prefix match: aborting "ab2" must not abort "ab20"."""
         def hit(r: Req) -> bool:
-            return abort_all or (rid is not None and r.rid.startswith(rid))
+            return abort_all or (rid is not None and (r.rid == rid or r.rid.startswith(rid + "_")))
 
         for req in [r for r in self.grammar_queue if hit(r)]:
             self.grammar_queue.remove(req)
