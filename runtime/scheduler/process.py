@@ -7,13 +7,23 @@ requests deferred for in-batch sharing, and `n > 1` copies, hit it next step.
 
 Logprobs are log_softmax of the model's raw logits (before penalties, bias, grammar mask and temperature),
 the same distribution for prompt and output positions.
+
+Grammar: one packed bitmask for the constrained rows only (`apply_grammar_masks`) is applied to the sampled
+rows' logits; a batch without grammars pays one list scan. A grammar that rejects a token aborts only that
+request. Jump-forward (unless disabled): after a token, text the grammar forces is tokenized and appended at
+once (`req.jump_tokens` = how many); the scheduler then requeues the request so the appended tokens are
+computed as an extend over its cached prefix. Only pure appends are planned (no rollback of tokens already
+streamed), so the client's token stream never needs correcting.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from runtime.core import Batch, Req, finish_length
+from runtime.constrained.grammar import apply_grammar_masks, plan_jump_forward
+from runtime.core import Batch, Req, finish_abort, finish_length
 from runtime.sampling import SamplingInfo, compute_logprobs, sample, top_logprobs
 from runtime.scheduler.cache import KVManager
 from runtime.scheduler.finish import check_finished
@@ -25,8 +35,10 @@ def _top(lp_rows: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
 
 
 class ResultProcessor:
-    def __init__(self, kv: KVManager, vocab_size: int, eos_ids: frozenset[int], decode_fn, default_seed: int):
+    def __init__(self, kv: KVManager, vocab_size: int, eos_ids: frozenset[int], decode_fn, default_seed: int,
+                 jump_encode: Callable[[str], list[int]] | None = None):
         self.kv = kv
+        self.jump_encode = jump_encode  # None: jump-forward off (disabled, or no tokenizer)
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
         self.decode_fn = decode_fn
@@ -93,22 +105,42 @@ class ResultProcessor:
             device=logits.device,
             seeds=[r.seed for r in reqs],
         )
-        mask = None
-        if any(r.grammar is not None for r in reqs):
-            mask = torch.ones(logits.shape, dtype=torch.bool, device=logits.device)
-            for b, r in enumerate(reqs):
-                if r.grammar is not None:
-                    r.grammar.fill_mask(mask[b])
-        next_ids = sample(logits, info, mask).next_ids.tolist()
         want = [b for b, r in enumerate(reqs) if r.return_logprob]
-        lp = compute_logprobs(logits[want]) if want else None
+        lp = compute_logprobs(logits[want]) if want else None  # raw logits: before the grammar mask
+        apply_grammar_masks(logits, [r.grammar for r in reqs])  # `logits` is this step's copy of the rows
+        next_ids = sample(logits, info).next_ids.tolist()
         for b, (req, tok) in enumerate(zip(reqs, next_ids, strict=True)):
             req.output_ids.append(tok)
-            if req.grammar is not None:
-                req.grammar.accept_token(tok)
             if lp is not None and req.return_logprob:
                 row = lp[want.index(b)]
                 req.out_logprobs.append((float(row[tok]), tok))
                 if req.top_logprobs_num:
                     req.out_top_logprobs.extend(_top(row[None], req.top_logprobs_num))
+            if req.grammar is not None:
+                try:
+                    req.grammar.accept_token(tok)
+                except Exception as e:  # a broken grammar state ends this request only
+                    req.finish_reason = finish_abort(f"grammar rejected sampled token {tok}: {e}")
+                    continue
             check_finished(req, self.eos_ids, self.decode_fn)
+            if req.grammar is not None and not req.finished and self.jump_encode and not req.return_logprob:
+                self._jump_forward(req)
+
+    def _jump_forward(self, req: Req) -> None:
+        """Append the grammar-forced continuation of `req` (tokenized on its own, so no streamed token changes)."""
+        try:
+            plan = plan_jump_forward(req.grammar, req.output_ids, lambda t: b"", self.jump_encode, window=0)
+        except Exception:  # jump-forward is an optimisation: on any surprise decode normally
+            return
+        if plan is None or plan.rollback:
+            return
+        ids = plan.new_ids[: req.remaining_new_tokens]
+        if not ids:
+            return
+        try:
+            req.grammar.accept_tokens(ids)
+        except ValueError:
+            return
+        req.output_ids.extend(ids)
+        req.jump_tokens = len(ids)
+        check_finished(req, self.eos_ids, self.decode_fn)

@@ -60,7 +60,8 @@ class Runner(Protocol):
 class GrammarBackend(Protocol):
     """Seam for constrained decoding. `get_future(params)` returns None for an unconstrained request, else a
     Future resolving to a compiled grammar whose `copy()` is a fresh per-request matcher with
-    `fill_mask(mask_row: bool [V])`, `accept_token(id)`, `is_terminated()`. A failed compile raises."""
+    `write_bitmask(row: int32 [ceil(V / 32)])`, `accept_token(id)`, `is_terminated()` (and, for
+    jump-forward, the `runtime.constrained.Grammar` API). A failed compile raises."""
 
     def get_future(self, params: SamplingParams) -> Future | None: ...
 
@@ -73,13 +74,15 @@ class Scheduler:
     def __init__(
         self, runner: Runner, allocator: SlotAllocator, table: ReqToTokenTable, cfg: Config,
         eos_ids: frozenset[int], decode_fn: Callable[[list[int]], str] | None = None, grammar_backend=None,
+        encode_fn: Callable[[str], list[int]] | None = None,
     ) -> None:
         self.cfg = cfg = resolve(cfg)
         self.runner = runner
         self.grammar_backend: GrammarBackend | None = grammar_backend
         self.kv = KVManager(allocator, table, use_tree=not cfg.cache.disable_radix_cache)
+        jump = None if cfg.grammar.disable_jump_forward else encode_fn  # encode_fn(text) -> ids, no specials
         self.processor = ResultProcessor(self.kv, runner.vocab_size, frozenset(eos_ids), decode_fn,
-                                         cfg.model.random_seed)
+                                         cfg.model.random_seed, jump_encode=jump)
         self.policy = cfg.scheduler.schedule_policy
         self.grammar_queue: list[Req] = []
         self.waiting: list[Req] = []
@@ -91,7 +94,7 @@ class Scheduler:
         self.min_ratio = self.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
         self.new_token_ratio = self.init_ratio
         self.stats = {"num_retracted_reqs": 0, "prompt_tokens": 0, "cached_tokens": 0, "forward_steps": 0,
-                      "prefill_tokens": 0, "decode_tokens": 0}
+                      "prefill_tokens": 0, "decode_tokens": 0, "jump_forward_steps": 0, "jump_forward_tokens": 0}
 
     # ---- input ------------------------------------------------------------------------------------------------
     def handle(self, msg: Any) -> FlushCacheOut | InternalStateOut | None:
@@ -207,7 +210,18 @@ class Scheduler:
             self.kv.release(req)
             self._emit(req)
             return
-        if not was_decode:
+        jumped = getattr(req, "jump_tokens", 0)
+        if jumped:
+            # Jump-forward appended tokens without KV: requeue the request so the next prefill computes them
+            # as an extend over its cached prefix (its KV goes into the tree, like a retraction that keeps it).
+            req.jump_tokens = 0
+            self.stats["jump_forward_steps"] += 1
+            self.stats["jump_forward_tokens"] += jumped
+            if was_decode:
+                self.running.remove(req)
+            self.kv.release(req)
+            self.waiting.append(req)
+        elif not was_decode:
             self.running.append(req)
         if len(req.output_ids) - req.sent_len >= self.cfg.scheduler.stream_interval or req.sent_len == 0:
             self._emit(req)
@@ -289,6 +303,8 @@ class Scheduler:
             "forward_steps": s["forward_steps"],
             "prefill_tokens": s["prefill_tokens"],
             "decode_tokens": s["decode_tokens"],
+            "jump_forward_steps": s["jump_forward_steps"],
+            "jump_forward_tokens": s["jump_forward_tokens"],
         }
 
     def check_memory(self, strict: bool = False) -> bool:

@@ -406,6 +406,10 @@ class OnlyToken:
         row.fill_(False)
         row[self.tok] = True
 
+    def write_bitmask(self, row: torch.Tensor) -> None:  # packed int32 [ceil(V / 32)]: the scheduler's mask path
+        row.zero_()
+        row[self.tok >> 5] = 1 << (self.tok & 31)
+
     def accept_token(self, tok: int) -> None:
         assert tok == self.tok
         self.seen += 1
