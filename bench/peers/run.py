@@ -29,7 +29,7 @@ from client import Reply  # noqa: E402
 from systems import ROOT, System, default_gguf, make_systems  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "peers.json")
-ALL = ["single", "c1", "c4", "c8", "c16", "c32", "c64", "rag", "chat", "json"]
+ALL = ["single", "c8", "c32", "rag", "chat", "json"]
 
 
 def _mean(xs: list[float]) -> float:
@@ -99,7 +99,7 @@ def run_json(s: System, seed: int) -> dict:
     return res
 
 
-def run_workload(s: System, name: str, seed: int, hf_rag_questions: int) -> dict:
+def run_workload(s: System, name: str, seed: int, rag_questions: int, hf_rag_questions: int) -> dict:
     if name == "single":
         return run_single(s, seed)
     if name.startswith("c") and name[1:].isdigit():
@@ -107,7 +107,7 @@ def run_workload(s: System, name: str, seed: int, hf_rag_questions: int) -> dict
         outs, wall = s.run(W.concurrent(seed, clients), clients)
         return _rates(outs, wall)
     if name == "rag":
-        reqs = W.rag(seed, hf_rag_questions if s.name == "hf" else 64)
+        reqs = W.rag(seed, hf_rag_questions if s.name == "hf" else rag_questions)
         outs, wall = s.run(reqs, 16)
         return _rates(outs, wall)
     if name == "chat":
@@ -129,6 +129,12 @@ def main() -> None:
     ap.add_argument("--systems", default="radixgen,vllm,llama-server,hf")
     ap.add_argument("--workloads", default=",".join(ALL))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--once",
+        default="c1,c4,c16,c64",
+        help="workloads run in the first round only (the rest of the concurrency sweep, for the plot)",
+    )
+    ap.add_argument("--rag-questions", type=int, default=32)
     ap.add_argument("--base-port", type=int, default=34100)
     ap.add_argument("--gguf", default=None)
     ap.add_argument(
@@ -140,6 +146,7 @@ def main() -> None:
     ap.add_argument("--out", default=RESULTS)
     args = ap.parse_args()
     names, loads = args.systems.split(","), args.workloads.split(",")
+    once = [w for w in args.once.split(",") if w and w not in loads]
     systems = make_systems(names, args.base_port, args.gguf or default_gguf())
     doc = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
@@ -158,10 +165,10 @@ def main() -> None:
                 f"[peers] {s.name} ready: {s.version} (start {getattr(s, 'start_s', 0.0):.0f} s)", flush=True
             )
         for r in range(args.rounds):
-            for w in loads:
+            for w in loads + (once if r == 0 else []):
                 for s in systems:
                     t0 = time.monotonic()
-                    res = run_workload(s, w, seed=r + 1, hf_rag_questions=args.hf_rag_questions)
+                    res = run_workload(s, w, r + 1, args.rag_questions, args.hf_rag_questions)
                     res.update(system=s.name, workload=w, round=r + 1)
                     doc["runs"].append(res)
                     print(

