@@ -38,8 +38,7 @@ def run(runner, tok, backend, reqs: dict[str, tuple[str, SamplingParams]], **cfg
     config = make_config(
         max_total_tokens=alloc.num_slots,
         max_running_requests=runner.req_to_token.size,
-        grammar_compile_timeout=60.0,
-        **cfg,
+        **{"grammar_compile_timeout": 60.0, **cfg},
     )
     sched = Scheduler(
         runner,
@@ -73,10 +72,13 @@ def text(tok, ids: list[int]) -> str:
     return tok.decode([t for t in ids if t not in tok.eos_token_ids])
 
 
+ASK = "Answer with a value matching this constraint: {}"  # the model sees the constraint (it stops sooner)
+
+
 def test_thirty_schemas_on_the_model_validate(smollm_runner, tok, backend) -> None:
     reqs = {
         f"s{i}": (
-            "Reply with a JSON object.",
+            ASK.format(json.dumps(s)[:300]),
             SamplingParams(max_new_tokens=160, temperature=0.7, sampling_seed=i, json_schema=json.dumps(s)),
         )
         for i, s in enumerate(SCHEMAS)
@@ -93,7 +95,7 @@ def test_thirty_schemas_on_the_model_validate(smollm_runner, tok, backend) -> No
 def test_twenty_regexes_on_the_model_fullmatch(smollm_runner, tok, backend) -> None:
     reqs = {
         f"r{i}": (
-            "Give an example.",
+            ASK.format(rx),
             SamplingParams(max_new_tokens=64, temperature=0.7, sampling_seed=i, regex=rx),
         )
         for i, (rx, _) in enumerate(REGEXES)
@@ -161,3 +163,18 @@ def test_grammar_error_aborts_only_that_request(smollm_runner, tok, backend, mon
     res, _ = run(smollm_runner, tok, backend, reqs, disable_jump_forward=True)
     assert res["bad"][1]["type"] == "abort" and "simulated matcher failure" in res["bad"][1]["message"]
     assert res["ok"][1]["type"] == "length" and len(res["ok"][0]) == 8
+
+
+def test_runaway_compile_aborts_while_others_stream(smollm_runner, tok) -> None:
+    slow = r'"([^"\\]|\\["\\/bfnrt]){0,40}"'  # passes validation; the index build is exponential in the bound
+    with GrammarBackend.from_tokenizer(tok, GrammarConfig(grammar_compile_timeout=2.0), num_workers=1) as be:
+        reqs = {
+            "slow": ("A string.", SamplingParams(max_new_tokens=8, temperature=0.0, regex=slow)),
+            "ok": ("Name a fruit.", SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)),
+        }
+        t0 = time.monotonic()
+        res, _ = run(smollm_runner, tok, be, reqs, grammar_compile_timeout=2.0)
+        elapsed = time.monotonic() - t0
+    assert res["slow"][1]["type"] == "abort" and "timed out" in res["slow"][1]["message"], res["slow"]
+    assert res["ok"][1]["type"] == "length" and len(res["ok"][0]) == 6
+    assert elapsed < 30
