@@ -118,7 +118,9 @@ def create_scheduler(cfg: Config) -> tuple[Any, dict[str, Any]]:
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.model_path)
     sched = Scheduler(runner, runner.allocator, runner.req_to_token, cfg, runner.eos_token_ids,
                       decode_fn=tok.decode, grammar_backend=_grammar_backend(cfg, tok),
-                      encode_fn=lambda text: tok.encode(text, add_special_tokens=False))
+                      # Forced grammar text is plain text: control-token spellings stay characters.
+                      encode_fn=lambda text: tok.encode(text, add_special_tokens=False, allow_special=False),
+                      token_bytes_fn=tok.token_bytes)
     info = {"context_len": runner.context_len, "vocab_size": runner.vocab_size,
             "max_total_num_tokens": runner.pool.num_slots, "config": cfg.to_dict()}
     return sched, info

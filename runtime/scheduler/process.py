@@ -11,9 +11,9 @@ the same distribution for prompt and output positions.
 Grammar: one packed bitmask for the constrained rows only (`apply_grammar_masks`) is applied to the sampled
 rows' logits; a batch without grammars pays one list scan. A grammar that rejects a token aborts only that
 request. Jump-forward (unless disabled): after a token, text the grammar forces is tokenized and appended at
-once (`req.jump_tokens` = how many); the scheduler then requeues the request so the appended tokens are
-computed as an extend over its cached prefix. Only pure appends are planned (no rollback of tokens already
-streamed), so the client's token stream never needs correcting.
+once (`req.jump_tokens` = how many), re-tokenized together with the token sampled this step; the scheduler then
+requeues the request so the appended tokens are computed as an extend over its cached prefix. Nothing already
+streamed or already in the KV pool is ever replaced, so the client's token stream never needs correcting.
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ def _top(lp_rows: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
 
 class ResultProcessor:
     def __init__(self, kv: KVManager, vocab_size: int, eos_ids: frozenset[int], decode_fn, default_seed: int,
-                 jump_encode: Callable[[str], list[int]] | None = None):
+                 jump_encode: Callable[[str], list[int]] | None = None,
+                 token_bytes: Callable[[int], bytes] | None = None):
         self.kv = kv
         self.jump_encode = jump_encode  # None: jump-forward off (disabled, or no tokenizer)
+        self.token_bytes = token_bytes  # None: no boundary re-tokenization (forced text tokenized alone)
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
         self.decode_fn = decode_fn
@@ -127,20 +129,27 @@ class ResultProcessor:
                 self._jump_forward(req)
 
     def _jump_forward(self, req: Req) -> None:
-        """Append the grammar-forced continuation of `req` (tokenized on its own, so no streamed token changes)."""
+        """Append the grammar-forced continuation of `req`, re-tokenizing it together with the token sampled
+        this step (so the ids are what the tokenizer gives for the whole text where that token merges with the
+        forced text). Only that last token may be replaced: it has not been streamed yet (sent_len is behind it)
+        and has no KV yet (decode computes it next step), so neither the client nor the pool sees the change."""
+        window = 1 if self.token_bytes is not None and len(req.output_ids) > req.sent_len else 0
         try:
-            plan = plan_jump_forward(req.grammar, req.output_ids, lambda t: b"", self.jump_encode, window=0)
+            plan = plan_jump_forward(req.grammar, req.output_ids, self.token_bytes or (lambda t: b""),
+                                     self.jump_encode, window=window)
         except Exception:  # jump-forward is an optimisation: on any surprise decode normally
             return
-        if plan is None or plan.rollback:
+        if plan is None or plan.rollback > window:
             return
-        ids = plan.new_ids[: req.remaining_new_tokens]
+        ids = plan.new_ids[: req.remaining_new_tokens + plan.rollback]
         if not ids:
             return
         try:
-            req.grammar.accept_tokens(ids)
+            req.grammar.replace_tail(plan.rollback, ids)  # restores the grammar state when it raises
         except ValueError:
             return
+        if plan.rollback:
+            del req.output_ids[-plan.rollback :]
         req.output_ids.extend(ids)
         req.jump_tokens = len(ids)
         check_finished(req, self.eos_ids, self.decode_fn)

@@ -74,7 +74,7 @@ class Scheduler:
     def __init__(
         self, runner: Runner, allocator: SlotAllocator, table: ReqToTokenTable, cfg: Config,
         eos_ids: frozenset[int], decode_fn: Callable[[list[int]], str] | None = None, grammar_backend=None,
-        encode_fn: Callable[[str], list[int]] | None = None,
+        encode_fn: Callable[[str], list[int]] | None = None, token_bytes_fn: Callable[[int], bytes] | None = None,
     ) -> None:
         self.cfg = cfg = resolve(cfg)
         self.runner = runner
@@ -82,7 +82,8 @@ class Scheduler:
         self.kv = KVManager(allocator, table, use_tree=not cfg.cache.disable_radix_cache)
         jump = None if cfg.grammar.disable_jump_forward else encode_fn  # encode_fn(text) -> ids, no specials
         self.processor = ResultProcessor(self.kv, runner.vocab_size, frozenset(eos_ids), decode_fn,
-                                         cfg.model.random_seed, jump_encode=jump)
+                                         cfg.model.random_seed, jump_encode=jump,
+                                         token_bytes=token_bytes_fn)
         self.policy = cfg.scheduler.schedule_policy
         self.grammar_queue: list[Req] = []
         self.waiting: list[Req] = []
