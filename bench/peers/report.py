@@ -32,11 +32,14 @@ def medians(doc: dict) -> dict[tuple[str, str], dict]:
     for r in doc["runs"]:
         groups.setdefault((r["workload"], r["system"]), []).append(r)
     out = {}
-    for key, runs in groups.items():
+    for key, all_runs in groups.items():
+        # A round where the system failed requests (it crashed, say) is listed under errors, not averaged in.
+        runs = [r for r in all_runs if r["ok"] == r["requests"]] or all_runs
         m: dict = {
             "n": len(runs),
+            "failed_rounds": len(all_runs) - len(runs),
             "runs": [r["out_tok_s"] for r in runs],
-            "errors": sorted({e for r in runs for e in r.get("errors", [])}),
+            "errors": sorted({e for r in all_runs for e in r.get("errors", [])}),
         }
         for k, v in runs[0].items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -50,7 +53,7 @@ def _f(v: float | None, nd: int = 1) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
 
 
-def table(med: dict, systems: list[str], loads: list[str]) -> list[str]:
+def table(med: dict, systems: list[str], loads: list[str], doc_rounds: int) -> list[str]:
     head = "| workload | metric | " + " | ".join(systems) + " | radixgen / best peer |"
     lines = [head, "|---|---|" + "---:|" * (len(systems) + 1)]
     metrics = {
@@ -68,8 +71,8 @@ def table(med: dict, systems: list[str], loads: list[str]) -> list[str]:
             for s in systems:
                 m = med.get((w, s))
                 cell = _f(vals[s], 2 if key in ("ttft_s", "ttft_mean_s", "valid_rate") else 1)
-                if m and m["n"] < 2 and key == "out_tok_s":
-                    cell += " (1 round)"
+                if m and m["n"] < doc_rounds and key == "out_tok_s":
+                    cell += f" ({m['n']} of {doc_rounds} rounds)"
                 cells.append(cell)
             peers = [
                 v
@@ -136,7 +139,7 @@ def main() -> None:
     lines += [f"- **{s}**: {v['version']} (start-up {v['start_s']} s)" for s, v in doc["systems"].items()]
     lines += [
         "",
-        *table(med, systems, seen),
+        *table(med, systems, seen, doc["rounds"]),
         "",
         "Raw out tok/s per round: "
         + "; ".join(
@@ -153,6 +156,10 @@ def main() -> None:
         *roofline_lines(med, roof, dtype),
         "",
     ]
+    notes = os.path.join(RESULTS, "peers-reading.md")  # the hand-written reading of these figures
+    if os.path.exists(notes):
+        with open(notes) as f:
+            lines += ["", f.read()]
     os.makedirs(os.path.dirname(args.md), exist_ok=True)
     with open(args.md, "w") as f:
         f.write("\n".join(lines))
