@@ -71,6 +71,7 @@ class Soak:
         self.server: ServerProc | None = None
         self.url = ""
         self.notes: list[str] = []
+        self.epoch = 0  # bumped when the restart scenario kills the scheduler
 
     def start_server(self) -> None:
         self.server = ServerProc("--max-total-tokens", "8192", "--log-level", "warning").wait_ready(300)
@@ -80,7 +81,7 @@ class Soak:
         )
 
     async def one(self, client: httpx.AsyncClient, kill: bool, record: bool = True) -> None:
-        start = time.monotonic()
+        start, epoch = time.monotonic(), self.epoch
         try:
             async with client.stream(
                 "POST", f"{self.url}/generate", json=body(self.rng, self.args.max_new)
@@ -93,7 +94,7 @@ class Soak:
                     if not line.startswith("data: "):
                         continue
                     if '"error"' in line:
-                        self.errors["stream_error"] += 1
+                        self.errors[self._lost(epoch, "stream_error")] += 1
                         return
                     if first and record:
                         first = False
@@ -103,7 +104,11 @@ class Soak:
                         return
             self.served += 1
         except httpx.HTTPError as e:
-            self.errors[f"transport_{type(e).__name__}"] += 1
+            self.errors[self._lost(epoch, f"transport_{type(e).__name__}")] += 1
+
+    def _lost(self, epoch: int, kind: str) -> str:
+        """A request in flight when the restart scenario killed the scheduler is lost on purpose."""
+        return "in_flight_at_restart (intended)" if epoch != self.epoch else kind
 
     async def capacity(self, client: httpx.AsyncClient, seconds: float = 10.0) -> float:
         done, end = 0, time.monotonic() + seconds
@@ -134,6 +139,7 @@ class Soak:
         sched = [p for p in tree if comm(p) == "rg-scheduler"]
         t = time.monotonic()
         os.kill(sched[0], signal.SIGKILL)
+        self.epoch += 1
         try:
             srv.proc.wait(5)
             code = srv.proc.returncode
