@@ -2,7 +2,8 @@
 # One prepared GPU check for radixgen on a single NVIDIA GPU machine (written for the lent H200), offline.
 #
 #   bench/gpu_check.sh           on the GPU machine: install what it lacks from bench/.wheels, run the
-#                                GPU kernel tests, bench/one_batch.py --device cuda and a 64-concurrency
+#                                GPU kernel and CUDA-graph tests, bench/one_batch.py --device cuda with
+#                                graphs on and off, and a 64-concurrency
 #                                serving run; print a summary (also bench/results/gpu_check.md, and $OUT/
 #                                when the device tool sets it). Every phase has its own timeout; the total
 #                                stays under 8 minutes.
@@ -102,12 +103,13 @@ export -f have_module install_missing
 if [ -z "${GPU_CHECK_SKIP_INSTALL:-}" ]; then phase install 60 install_missing; fi
 
 # 3. kernel tests: the GPU-marked ones, then the CPU-tier kernel tests (same comparisons, compiled on CUDA)
-phase pytest_gpu 200 "$PY" -m pytest -q -rs -m gpu tests/kernels -p no:cacheprovider
+phase pytest_gpu 200 "$PY" -m pytest -q -rs -m gpu tests/kernels tests/runtime/test_cuda_graph.py -p no:cacheprovider
 phase pytest_kernels 60 "$PY" -m pytest -q -m "not gpu" tests/kernels -p no:cacheprovider
 
 # 4. one forward of the engine core on CUDA
 if [ -f bench/one_batch.py ]; then
-    ob_args=(--device cuda --runs 3 --out "$RESULTS/one_batch_cuda.md")
+    # decode with CUDA graphs on and off, side by side in one run
+    ob_args=(--device cuda --runs 3 --dtypes bfloat16 --cuda-graph on off --out "$RESULTS/one_batch_cuda.md")
     [ -n "${MODEL:-}" ] && "$PY" bench/one_batch.py --help 2>/dev/null | grep -q -- "--model-path" \
         && ob_args+=(--model-path "$MODEL")
     phase one_batch 90 "$PY" bench/one_batch.py "${ob_args[@]}"

@@ -4,6 +4,7 @@ Prefill tokens/s for a 512-token prompt and decode tokens/s at batch 1, 8 and 32
 512-token context), in float32 and bfloat16, median of N runs. Writes bench/results/one_batch.md.
 
     python bench/one_batch.py [--runs 5] [--dtypes float32 bfloat16] [--device cpu] [--decode-steps 16]
+                              [--cuda-graph on off]   (CUDA: decode with captured graphs and eagerly, side by side)
 """
 
 from __future__ import annotations
@@ -70,16 +71,20 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--decode-steps", type=int, default=16)
+    ap.add_argument("--cuda-graph", nargs="+", default=["on"], choices=["on", "off"],
+                    help="CUDA only: decode through captured graphs (on) and/or eagerly (off)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "one_batch.md"))
     args = ap.parse_args()
+    modes = args.cuda_graph if args.device == "cuda" else ["on"]
     rows = []
-    for dtype in args.dtypes:
+    for dtype, mode in [(d, m) for d in args.dtypes for m in modes]:
         cfg = make_config(dtype=dtype, device=args.device, max_total_tokens=(args.prompt_len + 64) * 34,
-                          max_running_requests=40, chunked_prefill_size=-1)
+                          max_running_requests=40, chunked_prefill_size=-1, disable_cuda_graph=mode == "off")
         runner = create_model_runner(cfg, progress=False)
         bench_prefill(runner, 64, args.device)  # warm-up
         pre = [bench_prefill(runner, args.prompt_len, args.device) for _ in range(args.runs)]
-        row = {"dtype": dtype, "prefill": statistics.median(pre)}
+        label = dtype if args.device != "cuda" else f"{dtype}, graphs {mode}"
+        row = {"dtype": label, "prefill": statistics.median(pre)}
         for bs in args.batch_sizes:
             dec = bench_decode(runner, bs, args.prompt_len, args.decode_steps, args.runs, args.device)
             row[f"decode_bs{bs}"] = statistics.median(dec)

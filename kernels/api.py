@@ -55,6 +55,13 @@ class BaseAttnBackend(Protocol):
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor: ...
 
 
+# CUDA graphs (runtime/cuda_graph.py), optional: a backend that sets `supports_cuda_graph = True` keeps every
+# device buffer its decode kernels read fixed across steps. It may define
+#   init_cuda_graph_state(max_bs, buckets, num_q_heads, max_context)  # allocate those buffers before capture
+#   init_forward_graph(meta)  # host work before a capture/replay (default: init_forward); meta's tensors
+#                             # are the graph runner's static buffers, updated in place between replays
+
+
 def create_attn_backend(
     name: str, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
 ) -> BaseAttnBackend:

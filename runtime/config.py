@@ -34,8 +34,10 @@ class ModelConfig:
     """torch intra-op threads for the scheduler process (default: all cores)."""
     disable_cuda_graph: bool = False
     """Do not capture CUDA graphs for decode."""
+    cuda_graph_max_bs: int = 160
+    """Largest decode batch replayed from a captured CUDA graph (also capped by max_running_requests)."""
     mem_fraction_static: float = 0.85
-    """Fraction of free GPU memory for weights plus the KV pool."""
+    """Fraction of total GPU memory that weights plus the KV pool may hold (the rest: activations, graphs)."""
 
 
 @dataclass(frozen=True)

@@ -11,20 +11,49 @@ import torch
 
 
 class KVPool:
-    """Per-layer K and V buffers: `k_cache`, `v_cache` are [num_layers, num_slots, num_kv_heads, head_dim]."""
+    """Per-layer K and V buffers: `k_cache`, `v_cache` are [num_layers, num_slots + 1, num_kv_heads, head_dim].
+
+    Slots 0 .. num_slots-1 are handed out by the SlotAllocator. The extra last slot, `pad_slot`, belongs to no
+    one: padded rows of a CUDA-graph batch write their K/V there, so padding never touches a real slot.
+    """
 
     def __init__(
         self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
         dtype: torch.dtype, device: str | torch.device = "cpu",
     ) -> None:
-        shape = (num_layers, num_slots, num_kv_heads, head_dim)
+        shape = (num_layers, num_slots + 1, num_kv_heads, head_dim)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.num_slots = num_slots
+        self.pad_slot = num_slots
 
     @staticmethod
     def bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * num_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+
+
+def gpu_kv_slots(
+    total_bytes: int, free_bytes: int, mem_fraction_static: float, bytes_per_slot: int, page_size: int = 1
+) -> int:
+    """KV pool size in slots on a GPU, called after the weights are loaded (SGLang's rule).
+
+    Weights plus the KV pool may hold `mem_fraction_static` of the device's total memory; the rest stays free
+    for activations, CUDA graphs and the sampler. What is already used (`total - free`: the weights, the CUDA
+    context, other processes) counts against that share, so KV bytes = free - total * (1 - fraction).
+    Rounded down to whole pages; raises when nothing is left, naming the two knobs that fix it.
+    """
+    if not 0.0 < mem_fraction_static < 1.0:
+        raise ValueError(f"--mem-fraction-static must be in (0, 1), got {mem_fraction_static}")
+    kv_bytes = free_bytes - int(total_bytes * (1.0 - mem_fraction_static))
+    slots = max(kv_bytes, 0) // bytes_per_slot // page_size * page_size
+    if slots < page_size:
+        used, budget = (total_bytes - free_bytes) / 2**30, total_bytes * mem_fraction_static / 2**30
+        raise ValueError(
+            f"no GPU memory left for the KV pool: {used:.1f} GiB already in use, budget "
+            f"{budget:.1f} GiB (--mem-fraction-static {mem_fraction_static}); raise --mem-fraction-static or "
+            "set --max-total-tokens"
+        )
+    return slots
 
 
 class SlotAllocator:

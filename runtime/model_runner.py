@@ -3,22 +3,31 @@ attention backend; turns one ForwardBatch into logits.
 
 The scheduler asks for slots from `allocator`, writes them into `req_to_token`, builds a ForwardBatch and
 calls `forward(fb)`; the attention backend stores each layer's new K/V into `pool` at `fb.out_cache_loc`.
+
+On CUDA: weights and pool live on the GPU (bf16 by default), the pool is sized from --mem-fraction-static
+(runtime.memory.gpu_kv_slots), the step's metadata goes up in one pinned copy (runtime.staging), decode
+batches up to the largest bucket replay captured CUDA graphs (runtime.cuda_graph) unless
+--disable-cuda-graph, and the logits stay on the device: the only host sync of a decode step is the
+scheduler reading the sampled ids.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
 
 from kernels import AttnMetadata, create_attn_backend
 from runtime.config import Config, resolve
+from runtime.cuda_graph import CudaGraphRunner
 from runtime.forward_batch import ForwardBatch
-from runtime.memory import KVPool, ReqToTokenTable, SlotAllocator
+from runtime.memory import KVPool, ReqToTokenTable, SlotAllocator, gpu_kv_slots
 from runtime.models.arch import ModelArch
 from runtime.models.llama import LlamaForCausalLM
 from runtime.models.loader import load_weights, read_eos_ids
 from runtime.models.registry import resolve_model_path
+from runtime.staging import upload
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +60,17 @@ class ModelRunner:
         )
         log.info("model %s: %d layers, KV pool %d slots, backend %s, %s",
                  self.model_path, arch.num_layers, num_slots, mc.attention_backend, mc.dtype)
+        self.graph_runner: CudaGraphRunner | None = None
+        if self.device.type == "cuda" and not mc.disable_cuda_graph:
+            if getattr(self.attn, "supports_cuda_graph", False):
+                max_bs = min(mc.cuda_graph_max_bs, cfg.scheduler.max_running_requests)
+                self.graph_runner = CudaGraphRunner(
+                    self.model, self.attn, self.req_to_token.table, self.pool.pad_slot, max_bs
+                )
+                self.graph_runner.capture()
+            else:
+                log.warning("attention backend %s cannot run under CUDA graphs: decoding eagerly",
+                            mc.attention_backend)
 
     def _pool_size(self, cfg: Config) -> int:
         a = self.arch
@@ -58,45 +78,40 @@ class ModelRunner:
         if cfg.cache.max_total_tokens:
             n = cfg.cache.max_total_tokens
         elif self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            n = int(free * cfg.model.mem_fraction_static) // per_slot
+            torch.cuda.synchronize(self.device)
+            free, total = torch.cuda.mem_get_info(self.device)
+            return gpu_kv_slots(total, free, cfg.model.mem_fraction_static, per_slot, cfg.cache.page_size)
         else:
             n = min(CPU_KV_BUDGET_BYTES // per_slot, 16 * self.context_len)
         page = cfg.cache.page_size
         return max(page, n // page * page)
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
-        """Logits [len(fb.logits_indices), vocab] float32 for one step."""
-        fb = _to_device(fb, self.device)
+        """Logits [len(fb.logits_indices), vocab] float32 on the model's device for one step (on CUDA a
+        graph replay's logits are a view valid until the next forward)."""
+        if self.graph_runner is not None and self.graph_runner.can_run(fb):
+            return self.graph_runner.replay(fb)
+        lens = [torch.tensor(x, dtype=torch.int64) for x in (fb.seq_lens, fb.prefix_lens, fb.extend_lens)]
+        ids, pos, loc, rows, logit_idx, seq, pre, ext = upload(
+            [fb.input_ids, fb.positions, fb.out_cache_loc, fb.req_pool_indices, fb.logits_indices, *lens],
+            self.device,
+        )
+        fb = dataclasses.replace(fb, input_ids=ids, positions=pos, out_cache_loc=loc, req_pool_indices=rows,
+                                 logits_indices=logit_idx)
         meta = AttnMetadata(
             is_decode=fb.is_decode,
             req_to_token=self.req_to_token.table,
-            req_pool_indices=fb.req_pool_indices,
-            seq_lens=torch.tensor(fb.seq_lens, device=self.device),
-            prefix_lens=torch.tensor(fb.prefix_lens, device=self.device),
-            extend_lens=torch.tensor(fb.extend_lens, device=self.device),
-            out_cache_loc=fb.out_cache_loc,
+            req_pool_indices=rows,
+            seq_lens=seq,
+            prefix_lens=pre,
+            extend_lens=ext,
+            out_cache_loc=loc,
             seq_lens_cpu=fb.seq_lens,
             prefix_lens_cpu=fb.prefix_lens,
             extend_lens_cpu=fb.extend_lens,
         )
         self.attn.init_forward(meta)
-        return self.model.forward(fb, self.attn).cpu()
-
-
-def _to_device(fb: ForwardBatch, device: torch.device) -> ForwardBatch:
-    if device.type == "cpu":
-        return fb
-    import dataclasses
-
-    return dataclasses.replace(
-        fb,
-        input_ids=fb.input_ids.to(device, non_blocking=True),
-        positions=fb.positions.to(device, non_blocking=True),
-        out_cache_loc=fb.out_cache_loc.to(device, non_blocking=True),
-        req_pool_indices=fb.req_pool_indices.to(device, non_blocking=True),
-        logits_indices=fb.logits_indices.to(device, non_blocking=True),
-    )
+        return self.model.forward(fb, self.attn)
 
 
 def create_model_runner(cfg: Config, progress: bool = True) -> ModelRunner:

@@ -2,7 +2,9 @@
 
 Same contract as kernels/torch_backend.py (the reference): `init_forward(meta)` once per step builds the
 per-step device metadata (qo_start for extend; decode scratch reused across layers and steps), then each layer
-calls `extend` or `decode`. Decode launches depend only on (B, Hkv, num_kv_splits), never on host lengths.
+calls `extend` or `decode`. Decode launches depend only on (B, Hkv, num_kv_splits), never on host lengths,
+and read only the metadata tensors and the preallocated split scratch, so a decode step can be captured in
+a CUDA graph (`supports_cuda_graph`; runtime/cuda_graph.py) once `init_cuda_graph_state` has sized the scratch.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from kernels.triton.store_kv import store_kv
 
 
 class TritonAttnBackend:
+    supports_cuda_graph = True
+
     def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, num_kv_splits: int = 8) -> None:
         self.k_cache = k_cache  # [L, S, Hkv, D]
         self.v_cache = v_cache
@@ -31,6 +35,14 @@ class TritonAttnBackend:
         if not meta.is_decode:
             self._qo_start = torch.cumsum(meta.extend_lens, 0) - meta.extend_lens
             self._max_extend = max(meta.extend_lens_cpu, default=0)
+
+    def init_cuda_graph_state(self, max_bs: int, buckets: tuple[int, ...], num_q_heads: int,
+                              max_context: int) -> None:
+        """Allocate the decode scratch for `max_bs` before capture, so captured graphs and eager steps share
+        one buffer that no later step reallocates."""
+        d = self.k_cache.shape[-1]
+        self._mid = alloc_decode_scratch(max_bs, num_q_heads, d, self.num_kv_splits, self.k_cache.device)
+        self._graph_mid = self._mid  # captured graphs hold its address: keep it alive even if _mid regrows
 
     def extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
         m = self.meta

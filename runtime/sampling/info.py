@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime.sampling_params import GREEDY_EPS, SamplingParams
+from runtime.staging import to_device
 
 _MASK64 = (1 << 64) - 1
 
@@ -62,6 +63,8 @@ class SamplingInfo:
     seeds: list[int]
     steps: list[int]
     greedy_rows: list[bool]
+    top_k_list: list[int]  # host copies of top_ks / top_ps: the sampler picks rows without reading the device
+    top_p_list: list[float]
     counts: torch.Tensor | None = None
     repetition_penalties: torch.Tensor | None = None
     frequency_penalties: torch.Tensor | None = None
@@ -106,12 +109,12 @@ class SamplingInfo:
             batch_size=B,
             vocab_size=V,
             device=dev,
-            temperatures=torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)],
-                                      dtype=torch.float32, device=dev),
-            top_ps=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev),
-            top_ks=torch.tensor(ks, dtype=torch.int64, device=dev),
-            min_ps=torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev),
-            is_greedy=torch.tensor(greedy, dtype=torch.bool, device=dev),
+            temperatures=to_device([1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)],
+                                   torch.float32, dev),
+            top_ps=to_device([p.top_p for p in params], torch.float32, dev),
+            top_ks=to_device(ks, torch.int64, dev),
+            min_ps=to_device([p.min_p for p in params], torch.float32, dev),
+            is_greedy=to_device(greedy, torch.bool, dev),
             is_all_greedy=all(greedy),
             need_top_k=any(s and k < V for s, k in zip(sampled, ks, strict=True)),
             need_top_p=any(s and p.top_p < 1.0 for s, p in zip(sampled, params, strict=True)),
@@ -119,14 +122,16 @@ class SamplingInfo:
             seeds=list(seeds),
             steps=list(steps),
             greedy_rows=greedy,
+            top_k_list=ks,
+            top_p_list=[p.top_p for p in params],
         )
         info._build_penalties(params, output_ids)
         info._build_bias(params)
         rows = [b for b, p in enumerate(params) if len(output_ids[b]) < p.min_new_tokens for _ in stop_ids[b]]
         if rows:
             ids = [t for b, p in enumerate(params) if len(output_ids[b]) < p.min_new_tokens for t in stop_ids[b]]
-            info.min_tokens_rows = torch.tensor(rows, dtype=torch.int64, device=dev)
-            info.min_tokens_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
+            info.min_tokens_rows = to_device(rows, torch.int64, dev)
+            info.min_tokens_ids = to_device(ids, torch.int64, dev)
         return info
 
     def _build_penalties(self, params: list[SamplingParams], output_ids: list[list[int]]) -> None:
@@ -141,10 +146,10 @@ class SamplingInfo:
         cols = torch.tensor([t for ids in output_ids for t in ids], dtype=torch.int64)
         counts = torch.zeros(B * V, dtype=torch.float32)
         counts.index_add_(0, rows * V + cols, torch.ones(cols.numel(), dtype=torch.float32))
-        self.counts = counts.view(B, V).to(dev)
+        self.counts = to_device(counts.view(B, V), torch.float32, dev)
 
         def col(xs: list[float]) -> torch.Tensor:
-            return torch.tensor(xs, dtype=torch.float32, device=dev)
+            return to_device(xs, torch.float32, dev)
 
         self.repetition_penalties = col(rep) if use_rep else None
         self.frequency_penalties = col(freq) if use_freq else None
@@ -157,4 +162,4 @@ class SamplingInfo:
         for b, p in enumerate(params):
             for key, value in (p.logit_bias or {}).items():
                 bias[b, int(key)] += float(value)
-        self.logit_bias = bias.to(self.device)
+        self.logit_bias = to_device(bias, torch.float32, self.device)

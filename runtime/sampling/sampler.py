@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 
 from runtime.sampling.info import SamplingInfo, mix_seed
+from runtime.staging import to_device
 
 
 class SampleOutput(NamedTuple):
@@ -61,51 +62,75 @@ def process_logits(
     return x
 
 
-def _filtered_probs(logits: torch.Tensor, info: SamplingInfo, rows: torch.Tensor) -> torch.Tensor:
-    """Probabilities [R, V] of the sampled rows after temperature, top-k, top-p and min-p, in vocabulary
-    order and unnormalised: filtered-out tokens are 0, the kept ones keep their relative weights.
+def _filtered_probs(logits: torch.Tensor, info: SamplingInfo, rows: list[int], idx: torch.Tensor) -> torch.Tensor:
+    """Probabilities [R, V] of the sampled rows (`rows` on the host, `idx` the same on the device) after
+    temperature, top-k, top-p and min-p, in vocabulary order and unnormalised: filtered-out tokens are 0, the
+    kept ones keep their relative weights.
 
     Each filter keeps the tokens whose probability is >= a per-row threshold (tokens tied with the
-    threshold are all kept), and leaves rows that do not use it exactly as they are. No full sort: on CPU
-    a sort of [R, V] costs more than the model's decode step.
+    threshold are all kept), and leaves rows that do not use it exactly as they are. Which rows use a filter
+    is decided from host lists, so no device value is read. No full sort on CPU: there a sort of [R, V]
+    costs more than the model's decode step (radix select instead); on CUDA the sort is the sync-free way.
     """
-    if rows.numel() == logits.shape[0]:  # every row samples: no gather
+    if len(rows) == logits.shape[0]:  # every row samples: no gather
         probs = torch.softmax(logits / info.temperatures[:, None], dim=-1)
     else:
-        probs = torch.softmax(logits[rows] / info.temperatures[rows, None], dim=-1)
+        probs = torch.softmax(logits[idx] / info.temperatures[idx, None], dim=-1)
     V = probs.shape[-1]
     if info.need_top_k:
-        top_ks = info.top_ks[rows]
-        probs = _cut_rows(probs, top_ks < V, lambda sub, sel: _top_k_threshold(sub, top_ks[sel]))
+        ks = [info.top_k_list[b] for b in rows]
+        use = [i for i, k in enumerate(ks) if k < V]
+        top_ks = info.top_ks[idx]
+        probs = _cut_rows(probs, use, lambda sub, sel: _top_k_threshold(sub, top_ks[sel], max(ks[i] for i in use)))
     if info.need_top_p:
-        top_ps = info.top_ps[rows]
-        probs = _cut_rows(
-            probs, top_ps < 1.0,
-            lambda sub, sel: _radix_threshold(sub, sub, top_ps[sel] * sub.sum(dim=-1)),
-        )
+        use = [i for i, b in enumerate(rows) if info.top_p_list[b] < 1.0]
+        top_ps = info.top_ps[idx]
+        probs = _cut_rows(probs, use, lambda sub, sel: _mass_threshold(sub, top_ps[sel] * sub.sum(dim=-1)))
     if info.need_min_p:
-        probs.masked_fill_(probs < info.min_ps[rows, None] * probs.amax(dim=-1, keepdim=True), 0.0)
+        probs.masked_fill_(probs < info.min_ps[idx, None] * probs.amax(dim=-1, keepdim=True), 0.0)
     return probs
 
 
-def _cut_rows(probs: torch.Tensor, use: torch.Tensor, threshold) -> torch.Tensor:
-    """Zero probs below `threshold(sub, sel)` ([S] per selected row) in the rows where `use` [R] is True.
-    Works in place on `probs` (a fresh tensor owned by the sampler)."""
-    if bool(use.all()):
+def _cut_rows(probs: torch.Tensor, use: list[int], threshold) -> torch.Tensor:
+    """Zero probs below `threshold(sub, sel)` ([S] per selected row) in rows `use` (host indices into the R
+    rows). Works in place on `probs` (a fresh tensor owned by the sampler)."""
+    if len(use) == probs.shape[0]:
         return probs.masked_fill_(probs < threshold(probs, slice(None))[:, None], 0.0)
-    sel = torch.nonzero(use).squeeze(-1)
-    if sel.numel():
+    if use:
+        sel = to_device(use, torch.int64, probs.device)
         sub = probs[sel]
         probs[sel] = sub.masked_fill(sub < threshold(sub, sel)[:, None], 0.0)
     return probs
 
 
-def _top_k_threshold(probs: torch.Tensor, top_ks: torch.Tensor) -> torch.Tensor:
-    """The top_ks[r]-th largest value of each row [S, V] -> [S] (k <= 256 by topk, else radix select)."""
-    kmax = int(top_ks.max())
+def _top_k_threshold(probs: torch.Tensor, top_ks: torch.Tensor, kmax: int | None = None) -> torch.Tensor:
+    """The top_ks[r]-th largest value of each row [S, V] -> [S] (`kmax`: host max of top_ks, read from the
+    device when not given). topk for k <= 256, else radix select on CPU and a sort on CUDA."""
+    if kmax is None:
+        kmax = int(top_ks.max())
     if kmax <= 256:
         return torch.topk(probs, kmax, dim=-1).values.gather(-1, (top_ks - 1)[:, None]).squeeze(-1)
+    if probs.is_cuda:
+        return torch.sort(probs, dim=-1, descending=True).values.gather(-1, (top_ks - 1)[:, None]).squeeze(-1)
     return _radix_threshold(probs, None, (top_ks - 1).float())
+
+
+def _mass_threshold(probs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """top-p threshold [S]: radix select on CPU, sort on CUDA (same set of kept tokens)."""
+    return _sort_threshold(probs, target) if probs.is_cuda else _radix_threshold(probs, probs, target)
+
+
+def _sort_threshold(probs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """`_radix_threshold(probs, probs, target)` by a sort, without data-dependent shapes (no host sync).
+
+    In descending order, a token's exclusive prefix mass is the weight of the tokens before it; the first
+    token of a tie group sees exactly the weight strictly greater than it. The kept tokens are a prefix of
+    the order, and the threshold is the value of its last one: every token tied with it is kept too.
+    """
+    vals = torch.sort(probs, dim=-1, descending=True).values
+    before = torch.cumsum(vals, dim=-1, dtype=torch.float64) - vals.double()
+    kept = (before <= target.double()[:, None]).sum(dim=-1).clamp_min_(1)  # [S] >= 1: the top token
+    return vals.gather(-1, (kept - 1)[:, None]).squeeze(-1)
 
 
 def _radix_threshold(probs: torch.Tensor, weights: torch.Tensor | None, target: torch.Tensor) -> torch.Tensor:
@@ -164,7 +189,7 @@ def _pick_bucket(
 def _uniforms(info: SamplingInfo, rows: list[int], device: torch.device) -> torch.Tensor:
     """One uniform in [0, 1) per sampled row, float64 [R, 1]: a function of (seeds[b], steps[b]) only."""
     us = [min((mix_seed(info.seeds[b], info.steps[b]) >> 10) * 2.0**-53, 1.0 - 2.0**-30) for b in rows]
-    return torch.tensor(us, dtype=torch.float64, device=device)[:, None]
+    return to_device(us, torch.float64, device)[:, None]
 
 
 def sample_processed(processed: torch.Tensor, info: SamplingInfo) -> SampleOutput:
@@ -173,8 +198,8 @@ def sample_processed(processed: torch.Tensor, info: SamplingInfo) -> SampleOutpu
     next_ids = torch.argmax(processed, dim=-1)
     if not info.is_all_greedy:
         rows = [b for b, g in enumerate(info.greedy_rows) if not g]
-        idx = torch.tensor(rows, dtype=torch.int64, device=processed.device)
-        probs = _filtered_probs(processed.float(), info, idx)
+        idx = to_device(rows, torch.int64, processed.device)
+        probs = _filtered_probs(processed.float(), info, rows, idx)
         # inverse CDF in vocabulary order: the first token whose cumulative mass exceeds u * total.
         # A zero-probability token never is the first (its cdf equals its predecessor's).
         cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)

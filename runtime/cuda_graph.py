@@ -1,0 +1,186 @@
+"""CUDA graphs for decode: one captured graph per batch-size bucket, replayed for the smallest bucket >= B.
+
+A SmolLM2 decode step is ~300 small kernels; at small batches their launch overhead is the step. Captured
+once as a graph, the whole forward replays with one launch.
+
+Data flow per replay (`replay(fb)`):
+  fb's host vectors, padded to the bucket  --one pinned copy-->  static device buffers [6, bucket]
+  attn.init_forward_graph(meta over the static buffers)          (FlashInfer plans here; Triton: nothing)
+  graph.replay()                                                  (kernels read only static/fixed buffers)
+  -> logits view [B, V] into the bucket's static output
+
+Padding rows (bucket > B) decode token 0 at position 0 with seq_len 1 over table row 0, and store their
+K/V into the pool's pad slot (`KVPool.pad_slot`), which no request owns; their logits are dropped.
+
+Invariants:
+  - Nothing host-side runs inside a replay: only `init_forward_graph` (before it) may do host work, and it
+    must update the backend's buffers in place.
+  - Graphs stay valid while the weights, the KV pool and req_to_token are the same tensors.
+  - The returned logits are a view valid until the next forward (the bucket's output buffer is reused).
+The graph object is injectable (`graph_factory`) so the padding and buffer logic is tested on CPU with
+an eager stand-in that re-runs the captured function.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from kernels.api import AttnMetadata
+from runtime.forward_batch import ForwardBatch
+
+log = logging.getLogger(__name__)
+
+BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+IDS, POS, LOC, ROWS, SEQ, PRE = range(6)  # rows of the static metadata buffer
+
+
+def capture_buckets(max_bs: int) -> tuple[int, ...]:
+    """Batch sizes to capture: the standard buckets below `max_bs`, then `max_bs` itself."""
+    if max_bs < 1:
+        raise ValueError(f"cuda graph max batch size must be >= 1, got {max_bs}")
+    return tuple(b for b in BUCKETS if b < max_bs) + (max_bs,)
+
+
+def bucket_for(buckets: tuple[int, ...], bs: int) -> int | None:
+    """The smallest bucket >= bs, or None when bs is larger than every bucket."""
+    i = bisect.bisect_left(buckets, bs)
+    return buckets[i] if i < len(buckets) else None
+
+
+def pad_decode_metadata(fb: ForwardBatch, bucket: int, pad_slot: int) -> torch.Tensor:
+    """The static buffer contents for `fb` padded to `bucket` rows: int64 [6, bucket] (IDS .. PRE rows)."""
+    bs = fb.batch_size
+    out = torch.zeros((6, bucket), dtype=torch.int64)
+    out[IDS, :bs] = fb.input_ids
+    out[POS, :bs] = fb.positions
+    out[LOC, :bs] = fb.out_cache_loc
+    out[ROWS, :bs] = fb.req_pool_indices
+    out[SEQ, :bs] = torch.tensor(fb.seq_lens, dtype=torch.int64)
+    out[PRE, :bs] = torch.tensor(fb.prefix_lens, dtype=torch.int64)
+    out[LOC, bs:] = pad_slot
+    out[SEQ, bs:] = 1  # token 0 at position 0 over table row 0; prefix 0
+    return out
+
+
+class Graph(Protocol):
+    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """Run/record `fn` once; returns its output tensor, which every replay overwrites in place."""
+        ...
+
+    def replay(self) -> None: ...
+
+
+class TorchCudaGraph:
+    """torch.cuda.CUDAGraph over a memory pool shared by all buckets (largest captured first)."""
+
+    def __init__(self, pool, stream: torch.cuda.Stream) -> None:
+        self.pool, self.stream = pool, stream
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        with torch.cuda.stream(self.stream):  # warm-up: Triton JIT, cuBLAS workspaces, allocator blocks
+            for _ in range(2):
+                fn()
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=self.pool, stream=self.stream):
+            out = fn()
+        return out
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class CudaGraphRunner:
+    """Decode forwards of up to `max_bs` requests through captured graphs. `model.forward(fb, attn)` is
+    the eager forward; `attn` must keep every device buffer its decode kernels read fixed across steps."""
+
+    def __init__(self, model, attn, req_to_token: torch.Tensor, pad_slot: int, max_bs: int,
+                 graph_factory: Callable[[], Graph] | None = None) -> None:
+        self.model, self.attn = model, attn
+        self.req_to_token = req_to_token
+        self.device = req_to_token.device
+        self.pad_slot = pad_slot
+        self.buckets = capture_buckets(max_bs)
+        self.max_bs = self.buckets[-1]
+        n = self.max_bs
+        self.static = torch.zeros((6, n), dtype=torch.int64, device=self.device)  # IDS .. PRE rows
+        self.ones = torch.ones(n, dtype=torch.int64, device=self.device)
+        self.arange = torch.arange(n, dtype=torch.int64, device=self.device)
+        if graph_factory is None:
+            pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+            graph_factory = lambda: TorchCudaGraph(pool, stream)  # noqa: E731
+        self.graph_factory = graph_factory
+        self.graphs: dict[int, Graph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.replays = 0
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        t = time.perf_counter()
+        if hasattr(self.attn, "init_cuda_graph_state"):
+            self.attn.init_cuda_graph_state(
+                self.max_bs, self.buckets, self.model.arch.num_heads, self.req_to_token.shape[1]
+            )
+        for bs in reversed(self.buckets):  # largest first: smaller graphs reuse its pool memory
+            self.static[:, :bs] = pad_decode_metadata(_empty_decode(), bs, self.pad_slot).to(self.device)
+            self._init_attn(bs, (1,) * bs)
+            g = self.graph_factory()
+            self.outputs[bs] = g.capture(lambda bs=bs: self._body(bs))
+            self.graphs[bs] = g
+        log.info("captured %d decode CUDA graphs (batch sizes %s) in %.1f s",
+                 len(self.buckets), ",".join(map(str, self.buckets)), time.perf_counter() - t)
+
+    def can_run(self, fb: ForwardBatch) -> bool:
+        return fb.is_decode and fb.batch_size <= self.max_bs and fb.logits_indices.numel() == fb.batch_size
+
+    @torch.inference_mode()
+    def replay(self, fb: ForwardBatch) -> torch.Tensor:
+        """Logits [B, V] float32 for a decode batch (a view into the bucket's output buffer)."""
+        bs = fb.batch_size
+        bucket = bucket_for(self.buckets, bs)
+        host = pad_decode_metadata(fb, bucket, self.pad_slot)
+        if self.device.type == "cuda":
+            host = host.pin_memory()  # caching host allocator: the block outlives the async copy
+        self.static[:, :bucket].copy_(host, non_blocking=True)
+        self._init_attn(bucket, tuple(fb.seq_lens) + (1,) * (bucket - bs))
+        self.graphs[bucket].replay()
+        self.replays += 1
+        return self.outputs[bucket][:bs]
+
+    def _init_attn(self, bs: int, seq_lens_cpu: tuple[int, ...]) -> None:
+        s = self.static
+        meta = AttnMetadata(
+            is_decode=True,
+            req_to_token=self.req_to_token,
+            req_pool_indices=s[ROWS, :bs],
+            seq_lens=s[SEQ, :bs],
+            prefix_lens=s[PRE, :bs],
+            extend_lens=self.ones[:bs],
+            out_cache_loc=s[LOC, :bs],
+            seq_lens_cpu=seq_lens_cpu,
+            prefix_lens_cpu=tuple(x - 1 for x in seq_lens_cpu),
+            extend_lens_cpu=(1,) * bs,
+        )
+        getattr(self.attn, "init_forward_graph", self.attn.init_forward)(meta)
+
+    def _body(self, bs: int) -> torch.Tensor:
+        s = self.static
+        fb = ForwardBatch(
+            is_decode=True, input_ids=s[IDS, :bs], positions=s[POS, :bs], out_cache_loc=s[LOC, :bs],
+            req_pool_indices=s[ROWS, :bs], seq_lens=(1,) * bs, prefix_lens=(0,) * bs, extend_lens=(1,) * bs,
+            logits_indices=self.arange[:bs],
+        )
+        return self.model.forward(fb, self.attn)
+
+
+def _empty_decode() -> ForwardBatch:
+    """A decode batch of no requests: padded to a bucket it is all padding rows (used for capture)."""
+    empty = torch.zeros(0, dtype=torch.int64)
+    return ForwardBatch(True, empty, empty, empty, empty, (), (), (), empty)
