@@ -48,6 +48,19 @@ def rss_mb(pid: int) -> float:
     return total / 1024
 
 
+def rss_by_process(pid: int) -> dict[str, float]:
+    """MiB of resident memory per process name (server, rg-scheduler, rg-detokenizer, grammar workers)."""
+    out: dict[str, float] = collections.defaultdict(float)
+    for p in {pid} | descendants(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        except (OSError, StopIteration):
+            continue
+        out["server" if p == pid else comm(p)] += kb / 1024
+    return dict(out)
+
+
 def comm(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/comm") as f:
@@ -72,6 +85,7 @@ class Soak:
         self.url = ""
         self.notes: list[str] = []
         self.epoch = 0  # bumped when the restart scenario kills the scheduler
+        self.rss: dict[int, dict[str, float]] = {}  # minute -> MiB per process, sampled once a minute
 
     def start_server(self) -> None:
         self.server = ServerProc("--max-total-tokens", "8192", "--log-level", "warning").wait_ready(300)
@@ -167,6 +181,9 @@ class Soak:
             half, next_bad, restarted = self.t0 + self.args.minutes * 30, self.t0 + 10, False
             tasks: set[asyncio.Task] = set()
             while (now := time.monotonic()) < end:
+                minute = int((now - self.t0) // 60)
+                if minute not in self.rss:
+                    self.rss[minute] = rss_by_process(self.server.proc.pid)
                 if not restarted and now >= half:
                     restarted = True
                     self.rss_before_kill = rss_mb(self.server.proc.pid)
@@ -187,6 +204,7 @@ class Soak:
                     break
                 await asyncio.sleep(0.1)
         rss_end = rss_mb(self.server.proc.pid)
+        self.rss[int((time.monotonic() - self.t0) // 60) + 1] = rss_by_process(self.server.proc.pid)
         leak_log = "leak" in self.server.output.lower()
         self.server.stop()
         return {
@@ -229,6 +247,18 @@ def report(soak: Soak, res: dict, args: argparse.Namespace) -> str:
         xs = sorted(soak.ttft[m])
         p99 = xs[min(len(xs) - 1, int(0.99 * len(xs)))]
         lines.append(f"| {m} | {len(xs)} | {statistics.median(xs):.3f} | {p99:.3f} |")
+    names = sorted({n for row in soak.rss.values() for n in row})
+    lines += [
+        "",
+        "RSS (MiB) per process, sampled at the start of each minute (the restart replaces every process):",
+        "",
+        "| minute | " + " | ".join(names) + " | total |",
+        "|---" * (len(names) + 2) + "|",
+    ]
+    for m in sorted(soak.rss):
+        row = soak.rss[m]
+        cells = " | ".join(f"{row.get(n, 0):.0f}" for n in names)
+        lines.append(f"| {m} | {cells} | {sum(row.values()):.0f} |")
     return "\n".join(lines) + "\n"
 
 
