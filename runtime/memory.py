@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from runtime.staging import upload
+
 
 class KVPool:
     """Per-layer K and V buffers: `k_cache`, `v_cache` are [num_layers, num_slots + 1, num_kv_heads, head_dim].
@@ -101,10 +103,19 @@ class SlotAllocator:
 
 
 class ReqToTokenTable:
-    """`table[row, pos]` = KV slot of token `pos` of the request holding `row`. int32 [max_running, max_context]."""
+    """`table[row, pos]` = KV slot of token `pos` of the request holding `row`. int32 [max_running, max_context].
+
+    `table` lives on the model's device (the attention kernels read it); `host` is its CPU mirror, which the
+    scheduler writes and reads. On CUDA, `write` updates the mirror and queues the range; `flush()` (called by
+    the model runner before each forward) sends every queued entry in one pinned copy and one scatter, so a
+    decode step of B requests costs one transfer instead of B, and `read` never waits for the device.
+    Invariant: after `flush()`, table == host on every row in use. On CPU the two are the same tensor.
+    """
 
     def __init__(self, max_running: int, max_context: int, device: str | torch.device = "cpu") -> None:
         self.table = torch.zeros((max_running, max_context), dtype=torch.int32, device=device)
+        self.host = self.table if self.table.device.type == "cpu" else torch.zeros_like(self.table, device="cpu")
+        self._pending: list[tuple[int, int, int]] = []  # (row, start, n) written to host, not yet to table
         self.max_context = max_context
         self._free_rows = list(range(max_running - 1, -1, -1))
         self.size = max_running
@@ -119,7 +130,21 @@ class ReqToTokenTable:
         return len(self._free_rows)
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
-        self.table[row, start : start + slots.numel()] = slots.to(torch.int32)
+        n = slots.numel()
+        self.host[row, start : start + n] = slots.to(torch.int32)
+        if self.host is not self.table and n:
+            self._pending.append((row, start, n))
 
     def read(self, row: int, start: int, end: int) -> torch.Tensor:
-        return self.table[row, start:end].to(torch.int64)
+        return self.host[row, start:end].to(torch.int64)
+
+    def flush(self) -> None:
+        """Send the queued writes to the device table (a no-op on CPU)."""
+        if not self._pending:
+            return
+        rows = torch.cat([torch.full((n,), r, dtype=torch.int64) for r, _, n in self._pending])
+        cols = torch.cat([torch.arange(a, a + n, dtype=torch.int64) for _, a, n in self._pending])
+        vals = self.host[rows, cols].to(torch.int64)
+        self._pending = []
+        r, c, v = upload([rows, cols, vals], self.table.device)
+        self.table[r, c] = v.to(torch.int32)

@@ -89,6 +89,7 @@ class ModelRunner:
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits [len(fb.logits_indices), vocab] float32 on the model's device for one step (on CUDA a
         graph replay's logits are a view valid until the next forward)."""
+        self.req_to_token.flush()
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             return self.graph_runner.replay(fb)
         lens = [torch.tensor(x, dtype=torch.int64) for x in (fb.seq_lens, fb.prefix_lens, fb.extend_lens)]

@@ -73,6 +73,22 @@ def test_gpu_kv_slots_follows_mem_fraction_of_total() -> None:
         gpu_kv_slots(80 * GiB, 70 * GiB, 1.5, per_slot)
 
 
+def test_req_to_token_mirror_flushes_queued_writes_at_once() -> None:
+    """The CUDA layout (a host mirror plus a device table) exercised on CPU with two separate tensors."""
+    from runtime.memory import ReqToTokenTable
+
+    t = ReqToTokenTable(4, 16)
+    t.host = t.table.clone()  # what a CUDA table looks like: two tensors
+    t.write(1, 0, torch.tensor([5, 6, 7]))
+    t.write(2, 3, torch.tensor([9]))
+    t.write(1, 3, torch.tensor([8]))
+    assert t.read(1, 0, 4).tolist() == [5, 6, 7, 8] and int(t.table.sum()) == 0  # nothing sent yet
+    t.flush()
+    assert torch.equal(t.table, t.host) and t.table[2, 3] == 9 and not t._pending
+    t.flush()  # nothing queued: no-op
+    assert torch.equal(t.table, t.host)
+
+
 @pytest.fixture
 def graphed(smollm_runner):
     """The shared SmolLM2 runner with an eager-stand-in graph runner for batch sizes 1, 2, 4 (removed after)."""
