@@ -84,6 +84,7 @@ class TorchCudaGraph:
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        self.stream.wait_stream(torch.cuda.current_stream())  # the static buffers were filled there
         with torch.cuda.stream(self.stream):  # warm-up: Triton JIT, cuBLAS workspaces, allocator blocks
             for _ in range(2):
                 fn()
