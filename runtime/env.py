@@ -24,6 +24,12 @@ class Env:
     """RADIXGEN_ABORT_CONFIRM_TIMEOUT: seconds an aborted request's state waits for the scheduler's confirm."""
     parent_poll_interval: float = 0.5
     """RADIXGEN_PARENT_POLL_INTERVAL: how often children check that their parent is still alive."""
+    fault_inject_rid: str | None = None
+    """RADIXGEN_FAULT_INJECT_RID: testing only, off by default. The scheduler raises while processing the
+    sampled token of the request whose rid is exactly this (tests/reliability/test_fault_inject.py)."""
+    fault_inject_at_token: int = 1
+    """RADIXGEN_FAULT_INJECT_AT_TOKEN: with RADIXGEN_FAULT_INJECT_RID, the output token count at which it raises
+    (1: the first token, sampled at the end of prefill; more: a decode step)."""
 
 
 def _get(name: str, cast: type, default: object) -> object:
@@ -44,4 +50,6 @@ def load_env() -> Env:
         scheduler_factory=_get("SCHEDULER_FACTORY", str, d.scheduler_factory),
         abort_confirm_timeout=_get("ABORT_CONFIRM_TIMEOUT", float, d.abort_confirm_timeout),
         parent_poll_interval=_get("PARENT_POLL_INTERVAL", float, d.parent_poll_interval),
+        fault_inject_rid=_get("FAULT_INJECT_RID", str, d.fault_inject_rid),
+        fault_inject_at_token=_get("FAULT_INJECT_AT_TOKEN", int, d.fault_inject_at_token),
     )

@@ -14,10 +14,15 @@ request. Jump-forward (unless disabled): after a token, text the grammar forces 
 once (`req.jump_tokens` = how many), re-tokenized together with the token sampled this step; the scheduler then
 requeues the request so the appended tokens are computed as an extend over its cached prefix. Nothing already
 streamed or already in the KV pool is ever replaced, so the client's token stream never needs correcting.
+
+Isolation: any other exception while processing one request's sampled token (a bug, or the testing-only
+failpoint RADIXGEN_FAULT_INJECT_RID) aborts only that request ("internal error while processing request:
+..."), logged with its traceback; the scheduler frees it through the normal finish path.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -28,6 +33,8 @@ from runtime.sampling import SamplingInfo, compute_logprobs, sample, top_logprob
 from runtime.scheduler.cache import KVManager
 from runtime.scheduler.finish import check_finished
 
+log = logging.getLogger(__name__)
+
 
 def _top(lp_rows: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
     vals, ids = top_logprobs(lp_rows, k)
@@ -37,8 +44,11 @@ def _top(lp_rows: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
 class ResultProcessor:
     def __init__(self, kv: KVManager, vocab_size: int, eos_ids: frozenset[int], decode_fn, default_seed: int,
                  jump_encode: Callable[[str], list[int]] | None = None,
-                 token_bytes: Callable[[int], bytes] | None = None):
+                 token_bytes: Callable[[int], bytes] | None = None, fault_rid: str | None = None,
+                 fault_at: int = 1):
         self.kv = kv
+        self.fault_rid = fault_rid  # testing-only failpoint (RADIXGEN_FAULT_INJECT_RID); None: off
+        self.fault_at = fault_at
         self.jump_encode = jump_encode  # None: jump-forward off (disabled, or no tokenizer)
         self.token_bytes = token_bytes  # None: no boundary re-tokenization (forced text tokenized alone)
         self.vocab_size = vocab_size
@@ -112,21 +122,32 @@ class ResultProcessor:
         apply_grammar_masks(logits, [r.grammar for r in reqs])  # `logits` is this step's copy of the rows
         next_ids = sample(logits, info).next_ids.tolist()
         for b, (req, tok) in enumerate(zip(reqs, next_ids, strict=True)):
-            req.output_ids.append(tok)
-            if lp is not None and req.return_logprob:
-                row = lp[want.index(b)]
-                req.out_logprobs.append((float(row[tok]), tok))
-                if req.top_logprobs_num:
-                    req.out_top_logprobs.extend(_top(row[None], req.top_logprobs_num))
-            if req.grammar is not None:
-                try:
-                    req.grammar.accept_token(tok)
-                except Exception as e:  # a broken grammar state ends this request only
-                    req.finish_reason = finish_abort(f"grammar rejected sampled token {tok}: {e}")
-                    continue
-            check_finished(req, self.eos_ids, self.decode_fn)
-            if req.grammar is not None and not req.finished and self.jump_encode and not req.return_logprob:
-                self._jump_forward(req)
+            try:
+                self._accept(req, tok, lp[want.index(b)] if lp is not None and req.return_logprob else None)
+            except Exception as e:  # an error in one request's processing aborts that request only
+                log.exception("internal error while processing request %s", req.rid)
+                why = f"internal error while processing request: {type(e).__name__}: {e}"
+                req.finish_reason = finish_abort(why)
+
+    def _accept(self, req: Req, tok: int, lp_row: torch.Tensor | None) -> None:
+        """Append the sampled `tok` to `req` (with its logprobs from `lp_row` [V]), advance its grammar, check
+        finishes, jump forward. Raising here aborts `req` only (the normal finish path frees it)."""
+        req.output_ids.append(tok)
+        if lp_row is not None:
+            req.out_logprobs.append((float(lp_row[tok]), tok))
+            if req.top_logprobs_num:
+                req.out_top_logprobs.extend(_top(lp_row[None], req.top_logprobs_num))
+        if req.rid == self.fault_rid and len(req.output_ids) >= self.fault_at:
+            raise RuntimeError(f"injected fault (RADIXGEN_FAULT_INJECT_RID) at token {len(req.output_ids)}")
+        if req.grammar is not None:
+            try:
+                req.grammar.accept_token(tok)
+            except Exception as e:  # a broken grammar state ends this request only
+                req.finish_reason = finish_abort(f"grammar rejected sampled token {tok}: {e}")
+                return
+        check_finished(req, self.eos_ids, self.decode_fn)
+        if req.grammar is not None and not req.finished and self.jump_encode and not req.return_logprob:
+            self._jump_forward(req)
 
     def _jump_forward(self, req: Req) -> None:
         """Append the grammar-forced continuation of `req`, re-tokenizing it together with the token sampled

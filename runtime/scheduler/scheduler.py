@@ -21,6 +21,7 @@ import torch
 
 from runtime.config import Config, resolve
 from runtime.core import Batch, Req, finish_abort
+from runtime.env import load_env
 from runtime.forward_batch import ForwardBatch
 from runtime.memory import ReqToTokenTable, SlotAllocator
 from runtime.messages import (
@@ -81,9 +82,14 @@ class Scheduler:
         self.grammar_backend: GrammarBackend | None = grammar_backend
         self.kv = KVManager(allocator, table, use_tree=not cfg.cache.disable_radix_cache)
         jump = None if cfg.grammar.disable_jump_forward else encode_fn  # encode_fn(text) -> ids, no specials
+        env = load_env()
+        if env.fault_inject_rid is not None:
+            log.warning("fault injection on: request %r raises at output token %d (testing only)",
+                        env.fault_inject_rid, env.fault_inject_at_token)
         self.processor = ResultProcessor(self.kv, runner.vocab_size, frozenset(eos_ids), decode_fn,
                                          cfg.model.random_seed, jump_encode=jump,
-                                         token_bytes=token_bytes_fn)
+                                         token_bytes=token_bytes_fn, fault_rid=env.fault_inject_rid,
+                                         fault_at=env.fault_inject_at_token)
         self.policy = cfg.scheduler.schedule_policy
         self.grammar_queue: list[Req] = []
         self.waiting: list[Req] = []

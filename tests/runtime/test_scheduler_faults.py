@@ -1,0 +1,64 @@
+"""Per-request error isolation in the scheduler, with the fake runner of test_scheduler.py (no model).
+
+The testing-only failpoint RADIXGEN_FAULT_INJECT_RID (runtime/env.py) makes the result processor raise while
+processing one request's sampled token: only that request ends, with an "internal error" abort, its slots go
+back through the normal finish path (strict memory check every step), and every other request of the same
+batches produces exactly its reference tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from tests.runtime.test_scheduler import drain, gen, make, prompt, reference
+
+
+@pytest.mark.parametrize("at_token", [1, 4])  # 1: raised in the prefill step; 4: in a decode step
+def test_injected_fault_aborts_only_that_request(monkeypatch, caplog, at_token: int) -> None:
+    monkeypatch.setenv("RADIXGEN_FAULT_INJECT_RID", "bad")
+    monkeypatch.setenv("RADIXGEN_FAULT_INJECT_AT_TOKEN", str(at_token))
+    sched, _ = make(num_slots=256, max_running=8)
+    prompts = {f"ok{i}": prompt(5 + i, seed=i) for i in range(5)}
+    prompts["bad"] = prompt(7, seed=99)
+    prompts["bad_0"] = prompt(7, seed=99)  # a rid that merely starts with the poisoned one is untouched
+    for rid, p in prompts.items():
+        sched.handle(gen(rid, p, max_new=8))
+    with caplog.at_level(logging.ERROR, logger="runtime.scheduler.process"):
+        res = drain(sched)
+    fr = res.final("bad").finish_reason
+    assert fr["type"] == "abort", fr
+    assert fr["message"].startswith(
+        "internal error while processing request: RuntimeError: injected fault"
+    ), fr
+    assert res.ids("bad") == reference(prompts["bad"], 8)[:at_token]  # what it had sampled when it failed
+    for rid in [r for r in prompts if r != "bad"]:
+        assert res.final(rid).finish_reason["type"] == "length", rid
+        assert res.ids(rid) == reference(prompts[rid], 8), rid
+    assert any(
+        "internal error while processing request bad" in r.getMessage() and r.exc_info for r in caplog.records
+    )
+    assert not sched.running and not sched.waiting
+
+
+def test_rid_reusable_and_scheduler_keeps_serving(monkeypatch) -> None:
+    monkeypatch.setenv("RADIXGEN_FAULT_INJECT_RID", "bad")
+    monkeypatch.setenv("RADIXGEN_FAULT_INJECT_AT_TOKEN", "2")
+    sched, _ = make(num_slots=128, max_running=4)
+    for round_ in range(3):  # the same scheduler after each failure: the failpoint fires again, others fine
+        sched.handle(gen("bad", prompt(6, seed=round_), max_new=6))
+        sched.handle(gen(f"ok{round_}", prompt(9, seed=10 + round_), max_new=6))
+        res = drain(sched)
+        assert res.final("bad").finish_reason["type"] == "abort"
+        assert res.ids(f"ok{round_}") == reference(prompt(9, seed=10 + round_), 6)
+
+
+def test_failpoint_off_by_default(monkeypatch) -> None:
+    monkeypatch.delenv("RADIXGEN_FAULT_INJECT_RID", raising=False)
+    sched, _ = make()
+    assert sched.processor.fault_rid is None
+    sched.handle(gen("bad", prompt(6), max_new=5))
+    res = drain(sched)
+    assert res.final("bad").finish_reason["type"] == "length"
+    assert res.ids("bad") == reference(prompt(6), 5)
