@@ -8,6 +8,8 @@ output projection, RMSNorm, fused gate/up SiLU MLP) -> final norm on the rows in
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +34,17 @@ class LayerWeights:
     w_down: torch.Tensor  # [H, I]
 
 
+def elementwise_kernels(device: str | torch.device) -> tuple[Callable, Callable]:
+    """(rmsnorm, apply_rope): the fused Triton kernels on CUDA when triton is importable (one launch each
+    instead of ~6 torch ops), else the torch reference. Both pairs have kernels.ref's signatures."""
+    if torch.device(device).type == "cuda" and importlib.util.find_spec("triton") is not None:
+        from kernels.triton.rmsnorm import rmsnorm
+        from kernels.triton.rope import apply_rope
+
+        return rmsnorm, apply_rope
+    return ref.rmsnorm, ref.apply_rope
+
+
 class LlamaForCausalLM:
     def __init__(self, arch: ModelArch, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu") -> None:
         self.arch = arch
@@ -43,6 +56,7 @@ class LlamaForCausalLM:
         self.q_size = arch.num_heads * arch.head_dim
         self.kv_size = arch.num_kv_heads * arch.head_dim
         self.cos_sin = ref.rope_cos_sin(arch.head_dim, arch.max_position, arch.rope_theta, arch.rope_scaling, device)
+        self.rmsnorm, self.apply_rope = elementwise_kernels(device)
 
     def _layer(self, w: dict[str, torch.Tensor], i: int) -> LayerWeights:
         p = f"model.layers.{i}."
@@ -71,22 +85,22 @@ class LlamaForCausalLM:
         residual: torch.Tensor | None = None
         t = h.shape[0]
         for i, lw in enumerate(self.layers):
-            x, residual = ref.rmsnorm(h, lw.ln_attn, a.rms_eps, residual)
+            x, residual = self.rmsnorm(h, lw.ln_attn, a.rms_eps, residual)
             qkv = F.linear(x, lw.w_qkv, lw.b_qkv)  # [T, (Hq + 2 Hkv) D]
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = q.view(t, a.num_heads, a.head_dim)
             k = k.view(t, a.num_kv_heads, a.head_dim)
             v = v.view(t, a.num_kv_heads, a.head_dim)
             if lw.q_norm is not None:
-                q = ref.rmsnorm(q, lw.q_norm, a.rms_eps)[0]
-                k = ref.rmsnorm(k, lw.k_norm, a.rms_eps)[0]
-            q, k = ref.apply_rope(q, k, fb.positions, self.cos_sin)
+                q = self.rmsnorm(q, lw.q_norm, a.rms_eps)[0]
+                k = self.rmsnorm(k, lw.k_norm, a.rms_eps)[0]
+            q, k = self.apply_rope(q, k, fb.positions, self.cos_sin)
             o = attn.decode(q, k, v, i) if fb.is_decode else attn.extend(q, k, v, i)  # [T, Hq, D]
             h = F.linear(o.reshape(t, self.q_size), lw.w_o)
-            x, residual = ref.rmsnorm(h, lw.ln_mlp, a.rms_eps, residual)
+            x, residual = self.rmsnorm(h, lw.ln_mlp, a.rms_eps, residual)
             gate, up = F.linear(x, lw.w_gate_up).chunk(2, dim=-1)
             h = F.linear(F.silu(gate) * up, lw.w_down)
         last = (h + residual)[fb.logits_indices]
-        x = ref.rmsnorm(last, self.norm, a.rms_eps)[0]
+        x = self.rmsnorm(last, self.norm, a.rms_eps)[0]
         logits = F.linear(x, self.lm_head)
         return logits if logits.dtype == torch.float64 else logits.float()

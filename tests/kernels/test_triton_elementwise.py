@@ -72,3 +72,33 @@ def test_rope_llama3_scaled_table(device: str) -> None:
     got, want = apply_rope(q, k, pos, cos_sin), ref.apply_rope(q, k, pos, cos_sin)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL)
+
+
+def test_model_forward_with_triton_norm_and_rope_matches_ref(smollm_runner) -> None:
+    """What the CUDA model runs (runtime.models.llama.elementwise_kernels): SmolLM2's forward with the Triton
+    RMSNorm and rope (interpreted here) gives the reference forward's logits and argmax."""
+    from runtime.forward_batch import ForwardBatch
+    from runtime.models.llama import elementwise_kernels
+
+    assert elementwise_kernels("cpu") == (ref.rmsnorm, ref.apply_rope)
+    r = smollm_runner
+    ids = [[1, 504, 3458, 314, 260], [1, 2022, 4462]]
+    slots = r.allocator.alloc(8)
+    rows = [r.req_to_token.alloc_row() for _ in ids]
+    try:
+        r.req_to_token.write(rows[0], 0, slots[:5])
+        r.req_to_token.write(rows[1], 0, slots[5:])
+        fb = ForwardBatch.build(ids, [0, 0], slots, rows, is_decode=False)
+        want = r.forward(fb).clone()
+        m = r.model
+        m.rmsnorm, m.apply_rope = rmsnorm, apply_rope
+        try:
+            got = r.forward(fb)
+        finally:
+            m.rmsnorm, m.apply_rope = ref.rmsnorm, ref.apply_rope
+        torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+    finally:
+        r.allocator.free(slots)
+        for row in rows:
+            r.req_to_token.free_row(row)
