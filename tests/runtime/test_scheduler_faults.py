@@ -12,7 +12,18 @@ import logging
 
 import pytest
 
-from tests.runtime.test_scheduler import drain, gen, make, prompt, reference
+from runtime.messages import AbortReq
+from tests.runtime.test_scheduler import (
+    FakeGrammars,
+    OnlyToken,
+    Results,
+    drain,
+    gen,
+    make,
+    prompt,
+    reference,
+    step,
+)
 
 
 @pytest.mark.parametrize("at_token", [1, 4])  # 1: raised in the prefill step; 4: in a decode step
@@ -62,3 +73,49 @@ def test_failpoint_off_by_default(monkeypatch) -> None:
     res = drain(sched)
     assert res.final("bad").finish_reason["type"] == "length"
     assert res.ids("bad") == reference(prompt(6), 5)
+
+
+class BrokenTermination(OnlyToken):
+    """A grammar whose `is_terminated` raises (outside the grammar's own accept_token guard): a plain bug."""
+
+    def copy(self) -> BrokenTermination:
+        return BrokenTermination(self.tok, self.n)
+
+    def is_terminated(self) -> bool:
+        if self.seen >= 2:
+            raise KeyError("state 17")
+        return False
+
+
+def test_bug_in_one_requests_grammar_aborts_only_it(monkeypatch) -> None:
+    monkeypatch.delenv("RADIXGEN_FAULT_INJECT_RID", raising=False)
+    backend = FakeGrammars()
+    sched, _ = make(grammar_backend=backend)
+    sched.handle(gen("g", prompt(5), 10, regex="x+"))
+    sched.handle(gen("plain", prompt(6), 6))
+    backend.futures[0].set_result(BrokenTermination(9, 5))
+    res = drain(sched)
+    fr = res.final("g").finish_reason
+    assert fr["type"] == "abort" and fr["message"].startswith(
+        "internal error while processing request: KeyError"
+    )
+    assert res.ids("g") == [9, 9]
+    assert res.ids("plain") == reference(prompt(6), 6)
+
+
+def test_abort_while_grammar_compiles(monkeypatch) -> None:
+    monkeypatch.delenv("RADIXGEN_FAULT_INJECT_RID", raising=False)
+    backend = FakeGrammars()
+    sched, _ = make(grammar_backend=backend)
+    sched.handle(gen("g", prompt(5), 10, regex="x+"))
+    sched.handle(gen("plain", prompt(6), 6))
+    res = Results()
+    step(sched, res)
+    assert sched.internal_state()["num_grammar_queue_reqs"] == 1
+    sched.handle(AbortReq(rid="g"))
+    assert backend.futures[0].cancelled()  # the compile is dropped, not only the request
+    res = drain(sched, res)
+    assert res.final("g").finish_reason == {"type": "abort", "message": "aborted by client"}
+    assert res.ids("g") == [] and res.ids("plain") == reference(prompt(6), 6)
+    sched.handle(gen("g", prompt(5), 4))  # the rid is free again
+    assert drain(sched).ids("g") == reference(prompt(5), 4)
