@@ -32,6 +32,7 @@ from runtime.core import Batch, Req, finish_abort, finish_length
 from runtime.sampling import SamplingInfo, compute_logprobs, sample, top_logprobs
 from runtime.scheduler.cache import KVManager
 from runtime.scheduler.finish import check_finished
+from runtime.staging import to_device
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,14 @@ log = logging.getLogger(__name__)
 def _top(lp_rows: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
     vals, ids = top_logprobs(lp_rows, k)
     return [list(zip(v, i, strict=True)) for v, i in zip(vals.tolist(), ids.tolist(), strict=True)]
+
+
+def _rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """logits[rows] as a fresh tensor the caller may modify in place. The index goes up through pinned memory:
+    a pageable copy would wait for the forward still running on the GPU (a host sync)."""
+    if rows == list(range(logits.shape[0])):
+        return logits.clone()
+    return logits[to_device(rows, torch.int64, logits.device)]
 
 
 class ResultProcessor:
@@ -83,7 +92,7 @@ class ResultProcessor:
                 samplers.append(req)
                 rows.append(start + count - 1)
         if samplers:
-            self._sample(samplers, logits[rows])
+            self._sample(samplers, _rows(logits, rows))
         return samplers + done
 
     def _prompt_logprobs(self, req: Req, old_cached: int, offs: list[int], lg: torch.Tensor) -> None:
@@ -98,7 +107,7 @@ class ResultProcessor:
             return
         lp = compute_logprobs(lg[keep])
         targets = [ids[old_cached + offs[i] + 1] for i in keep]
-        chosen = lp.gather(-1, torch.tensor(targets)[:, None]).squeeze(-1).tolist()
+        chosen = lp.gather(-1, torch.tensor(targets, device=lp.device)[:, None]).squeeze(-1).tolist()
         req.in_logprobs.extend(zip(chosen, targets, strict=True))
         if req.top_logprobs_num:
             req.in_top_logprobs.extend(_top(lp, req.top_logprobs_num))
@@ -118,7 +127,7 @@ class ResultProcessor:
             seeds=[r.seed for r in reqs],
         )
         want = [b for b, r in enumerate(reqs) if r.return_logprob]
-        lp = compute_logprobs(logits[want]) if want else None  # raw logits: before the grammar mask
+        lp = compute_logprobs(_rows(logits, want)) if want else None  # raw logits: before the grammar mask
         apply_grammar_masks(logits, [r.grammar for r in reqs])  # `logits` is this step's copy of the rows
         next_ids = sample(logits, info).next_ids.tolist()
         for b, (req, tok) in enumerate(zip(reqs, next_ids, strict=True)):
