@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels import ref
+from kernels import ref, torch_extend
 from kernels.api import AttnMetadata
 from kernels.cascade import cascade_decode_attention, plan_cascade
 
@@ -34,7 +34,8 @@ class TorchAttnBackend:
         m = self.meta
         kc, vc = self.k_cache[layer_id], self.v_cache[layer_id]
         ref.store_kv(kc, vc, m.out_cache_loc, k, v)
-        return ref.extend_attention(
+        # CPU flash-kernel path (kernels/torch_extend.py); it falls back to ref.extend_attention off CPU.
+        return torch_extend.extend_attention(
             q, kc, vc, m.req_to_token, m.req_pool_indices, m.prefix_lens_cpu, m.extend_lens_cpu, self.scale
         )
 
