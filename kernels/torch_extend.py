@@ -21,7 +21,6 @@ bf16 stays bf16 (the kernel accumulates in float32); the LSE is float32 and the 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from kernels import ref
 
@@ -92,6 +91,8 @@ def extend_attention(
     if not any(prefix_lens):
         start = 0
         for row, elen in zip(rows, extend_lens, strict=True):
+            if elen == 0:  # a request with nothing new this step (the flash kernel divides by E)
+                continue
             slots = req_to_token[row, :elen]
             k, v = ref.gather_slots(k_cache, slots), ref.gather_slots(v_cache, slots)
             out[start : start + elen] = _attend(q[start : start + elen], k, v, scale, True)[0]
@@ -109,6 +110,8 @@ def extend_attention(
     new_lse = torch.empty(t, hq, dtype=torch.float32)
     start = 0
     for row, plen, elen in zip(rows, prefix_lens, extend_lens, strict=True):
+        if elen == 0:
+            continue
         qb = q[start : start + elen]
         if plen > p0:
             if own is None:

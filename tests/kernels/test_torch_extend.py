@@ -20,6 +20,7 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 CASES = {
     # name: (prefix_lens, extend_lens, leading slots request 0 shares with every other request)
     "prefill": ([0, 0, 0, 0], [1, 17, 40, 5], 0),
+    "empty_extend": ([0, 12, 0], [9, 0, 4], 0),  # a request with no new tokens this step
     "prefix": ([3, 0, 29, 64], [9, 12, 1, 33], 0),
     "shared": ([48, 48, 48, 48, 48], [7, 1, 20, 13, 2], 48),
     "shared_then_own": ([40, 57, 40, 70], [5, 11, 1, 8], 40),
@@ -39,7 +40,13 @@ def _batch(case: str, page_size: int, dtype: torch.dtype, seed: int) -> PagedBat
 
 def _reference(pb: PagedBatch, q: torch.Tensor) -> torch.Tensor:
     return ref.extend_attention(
-        q, pb.k_cache[0], pb.v_cache[0], pb.req_to_token, pb.req_pool_indices, pb.prefix_lens, pb.extend_lens,
+        q,
+        pb.k_cache[0],
+        pb.v_cache[0],
+        pb.req_to_token,
+        pb.req_pool_indices,
+        pb.prefix_lens,
+        pb.extend_lens,
         D**-0.5,
     )
 
@@ -53,7 +60,13 @@ def test_fast_extend_matches_reference(case, group, page_size, dtype):
     g = torch.Generator().manual_seed(group)
     q = torch.randn(sum(pb.extend_lens), HKV * group, D, generator=g).to(dtype)
     got = torch_extend.extend_attention(
-        q, pb.k_cache[0], pb.v_cache[0], pb.req_to_token, pb.req_pool_indices, pb.prefix_lens, pb.extend_lens,
+        q,
+        pb.k_cache[0],
+        pb.v_cache[0],
+        pb.req_to_token,
+        pb.req_pool_indices,
+        pb.prefix_lens,
+        pb.extend_lens,
         D**-0.5,
     )
     assert got.dtype == dtype and got.shape == q.shape
@@ -76,8 +89,14 @@ def test_backend_extend_stores_then_matches_reference(case):
     loc = torch.cat([pb.req_to_token[r, p:s] for r, p, s in zip(rows, pb.prefix_lens, seqs, strict=True)])
     assert torch.equal(backend.k_cache[0, loc.long()], k) and torch.equal(backend.v_cache[0, loc.long()], v)
     want = ref.extend_attention(
-        q, backend.k_cache[0], backend.v_cache[0], pb.req_to_token, pb.req_pool_indices, pb.prefix_lens,
-        pb.extend_lens, D**-0.5,
+        q,
+        backend.k_cache[0],
+        backend.v_cache[0],
+        pb.req_to_token,
+        pb.req_pool_indices,
+        pb.prefix_lens,
+        pb.extend_lens,
+        D**-0.5,
     )
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
@@ -96,7 +115,13 @@ def test_unsupported_dtype_falls_back_to_reference():
     pb = _batch("prefix", 1, torch.float64, seed=1)
     q = torch.randn(sum(pb.extend_lens), HKV * 3, D, dtype=torch.float64)
     got = torch_extend.extend_attention(
-        q, pb.k_cache[0], pb.v_cache[0], pb.req_to_token, pb.req_pool_indices, pb.prefix_lens, pb.extend_lens,
+        q,
+        pb.k_cache[0],
+        pb.v_cache[0],
+        pb.req_to_token,
+        pb.req_pool_indices,
+        pb.prefix_lens,
+        pb.extend_lens,
         D**-0.5,
     )
     assert got.dtype == torch.float64
