@@ -1,14 +1,11 @@
-"""One question: how much faster is the CPU extend attention (kernels/torch_extend.py) than the reference?
+"""Extend (prefill) attention on CPU: kernels/ref.py vs kernels/torch_extend.py, side by side in one process.
 
-One layer's extend attention at SmolLM2's shapes (9 query heads, 3 KV heads, head_dim 64), reference
-(`kernels.ref.extend_attention`: bool mask, K/V expanded per head -> SDPA math path) against the fast path
-(mask-free flash calls merged by log-sum-exp), side by side in one process, median of --runs, per dtype:
-  - rag:     B requests sharing one cached P-token document (same slots), each extending E new tokens
-  - chat:    B requests each with its own cached P-token history, extending E tokens
-  - prefill: B fresh prompts of L tokens (no cached prefix)
-Writes bench/results/extend_attention.md.
+One attention layer, SmolLM2-135M shapes (9 q heads, 3 kv heads, head_dim 64), pages of 16 scattered in a pool.
+Cases: plain prefills (no prefix) and RAG extends (B requests sharing one cached document prefix, each adding
+a question). For RAG the fast path runs twice: with the shared-prefix pass (one gather and one call for all
+requests) and without it (each request reads the prefix itself). Median of --runs timings, interleaved.
 
-    python bench/extend_attention.py [--runs 5] [--dtypes float32 bfloat16]
+    python bench/extend_attention.py [--runs 5] [--threads 1] [--out bench/results/extend_attention.md]
 """
 
 from __future__ import annotations
@@ -20,77 +17,107 @@ import statistics
 import sys
 import time
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import torch  # noqa: E402
+
 from kernels import ref, torch_extend  # noqa: E402
+from tests.kernels.paged import make_paged_batch  # noqa: E402
 
 HQ, HKV, D = 9, 3, 64
-SHAPES = {  # name: (batch, cached prefix per request, new tokens per request, prefix shared by all?)
-    "rag B=16 P=1200 E=40": (16, 1200, 40, True),
-    "rag B=32 P=1500 E=24": (32, 1500, 24, True),
-    "chat B=8 P=600 E=30": (8, 600, 30, False),
-    "prefill B=4 L=512": (4, 0, 512, False),
-    "prefill B=1 L=2000": (1, 0, 2000, False),
-}
+CASES = [  # (name, prefix_lens, extend_lens, shared document prefix)
+    ("prefill 200", [0], [200], 0),
+    ("prefill 2000", [0], [2000], 0),
+    ("prefill 4 x 500", [0] * 4, [500] * 4, 0),
+    ("RAG 8 x 20-60 over 1000", [1000] * 8, [20 + 5 * i for i in range(8)], 1000),
+    ("RAG 32 x 20-60 over 1500", [1500] * 32, [20 + (i * 7) % 41 for i in range(32)], 1500),
+]
 
 
-def make_case(b: int, p: int, e: int, shared: bool, dtype: torch.dtype):
-    g = torch.Generator().manual_seed(0)
-    n_slots = (p if shared else b * p) + b * e + 1
-    k = torch.randn(n_slots, HKV, D, generator=g).to(dtype)
-    v = torch.randn(n_slots, HKV, D, generator=g).to(dtype)
-    table = torch.zeros(b, p + e, dtype=torch.int32)
-    nxt = p if shared else 0
-    for r in range(b):
-        if p:
-            table[r, :p] = torch.arange(p) if shared else torch.arange(nxt, nxt + p)
-            nxt += 0 if shared else p
-        table[r, p:] = torch.arange(nxt, nxt + e)
-        nxt += e
-    q = torch.randn(b * e, HQ, D, generator=g).to(dtype)
-    return q, k, v, table, torch.arange(b), (p,) * b, (e,) * b
+def build(prefix, extend, shared, dtype):
+    pb = make_paged_batch(prefix, extend, HKV, D, page_size=16, dtype=dtype, seed=0)
+    rows = pb.req_pool_indices.tolist()
+    for r in rows[1:]:
+        pb.req_to_token[r, :shared] = pb.req_to_token[rows[0], :shared]
+    q = torch.randn(sum(extend), HQ, D).to(dtype)
+    return pb, q
 
 
-def time_fn(fn, runs: int) -> float:
-    fn()  # warm-up
-    ts = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+def call(fn, pb, q):
+    return fn(
+        q,
+        pb.k_cache[0],
+        pb.v_cache[0],
+        pb.req_to_token,
+        pb.req_pool_indices,
+        pb.prefix_lens,
+        pb.extend_lens,
+        D**-0.5,
+    )
+
+
+def no_share(*args):
+    saved = torch_extend.SHARED_MIN_PREFIX
+    torch_extend.SHARED_MIN_PREFIX = 1 << 30
+    try:
+        return torch_extend.extend_attention(*args)
+    finally:
+        torch_extend.SHARED_MIN_PREFIX = saved
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "extend_attention.md"))
-    args = ap.parse_args()
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default="bench/results/extend_attention.md")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
     rows = []
-    for dt in args.dtypes:
-        dtype = getattr(torch, dt)
-        for name, (b, p, e, shared) in SHAPES.items():
-            q, k, v, table, rows_idx, plens, elens = make_case(b, p, e, shared, dtype)
-            a = (q, k, v, table, rows_idx, plens, elens, D**-0.5)
-            t_ref = time_fn(lambda a=a: ref.extend_attention(*a), args.runs)
-            t_fast = time_fn(lambda a=a: torch_extend.extend_attention(*a), args.runs)
-            err = (ref.extend_attention(*a).float() - torch_extend.extend_attention(*a).float()).abs().max()
-            rows.append((dt, name, t_ref * 1e3, t_fast * 1e3, t_ref / t_fast, float(err)))
+    for dtype in (torch.float32, torch.bfloat16):
+        for name, prefix, extend, shared in CASES:
+            pb, q = build(prefix, extend, shared, dtype)
+            fns = {"ref": ref.extend_attention, "fast": torch_extend.extend_attention}
+            if shared:
+                fns["fast, no shared pass"] = no_share
+            want = call(ref.extend_attention, pb, q).float()
+            err = max((call(f, pb, q).float() - want).abs().max().item() for f in fns.values())
+            times: dict[str, list[float]] = {k: [] for k in fns}
+            for _ in range(a.runs):  # interleaved, so machine noise hits all variants alike
+                for k, f in fns.items():
+                    t = time.perf_counter()
+                    call(f, pb, q)
+                    times[k].append((time.perf_counter() - t) * 1e3)
+            med = {k: statistics.median(v) for k, v in times.items()}
+            spread = {k: (max(v) - min(v)) / statistics.median(v) for k, v in times.items()}
+            ns = med.get("fast, no shared pass")
+            rows.append(
+                (
+                    str(dtype).split(".")[1],
+                    name,
+                    med["ref"],
+                    med["fast"],
+                    ns,
+                    med["ref"] / med["fast"],
+                    max(spread.values()),
+                    err,
+                )
+            )
             print(rows[-1], flush=True)
     lines = [
-        "# bench/extend_attention.py", "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, threads "
-        f"{torch.get_num_threads()}. One layer, SmolLM2 shapes (Hq {HQ}, Hkv {HKV}, D {D}); median of "
-        f"{args.runs} runs, reference and fast path side by side in one process.", "",
-        "Command: `python bench/extend_attention.py " + " ".join(sys.argv[1:]) + "`", "",
-        "| dtype | shape | reference ms | fast ms | speedup | max abs diff |", "|---|---|---|---|---|---|",
+        "# Extend attention on CPU: ref vs torch_extend",
+        "",
+        f"`python bench/extend_attention.py --runs {a.runs} --threads {a.threads}` on {platform.machine()} "
+        f"({os.cpu_count()} cores, {a.threads} torch thread(s)), torch {torch.__version__}. One layer, "
+        f"Hq={HQ}, Hkv={HKV}, D={D}, page size 16. Median ms of {a.runs} interleaved runs; spread = "
+        "(max - min) / median of the noisiest variant; max err = largest |fast - ref| over both fast variants.",
+        "",
+        "| dtype | case | ref ms | fast ms | fast, no shared pass ms | speedup | spread | max err |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    lines += [f"| {d} | {n} | {r:.2f} | {f:.2f} | {s:.1f}x | {e:.1e} |" for d, n, r, f, s, e in rows]
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as fh:
+    for dt, name, r, f, ns, sp, spr, err in rows:
+        nss = f"{ns:.2f}" if ns is not None else "-"
+        lines.append(f"| {dt} | {name} | {r:.2f} | {f:.2f} | {nss} | {sp:.1f}x | {spr:.0%} | {err:.1e} |")
+    with open(a.out, "w") as fh:
         fh.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
