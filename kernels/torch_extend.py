@@ -31,9 +31,9 @@ _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
 def _heads(x: torch.Tensor, g: int) -> torch.Tensor:
-    """Queries [E, Hq, D] -> [Hkv, G, E, D] (a view)."""
+    """Queries [E, Hq, D] -> [Hkv, G, E, D]."""
     e, hq, d = x.shape
-    return x.view(e, hq // g, g, d).permute(1, 2, 0, 3)
+    return x.reshape(e, hq // g, g, d).permute(1, 2, 0, 3)  # a view unless q is oddly strided
 
 
 def _kv_heads(x: torch.Tensor, g: int) -> torch.Tensor:
