@@ -1,6 +1,7 @@
 """The torch attention backend (CPU default): store new K/V into the pool, then attend.
 
-Extend goes request by request through the reference (its matmuls are large). Decode attends for the whole
+Extend runs on torch's CPU flash kernel (kernels/torch_extend.py: mask-free passes over the batch's shared
+prefix, each request's own prefix and its causal new tokens, merged by log-sum-exp). Decode attends for the whole
 batch at once: each request's slots are gathered into a padded [B, L] block (L = longest sequence) and one
 masked SDPA call with grouped KV heads covers every request, instead of B small calls per layer. When every
 request of a decode batch shares a long cached prefix (same slots, from the radix cache), the prefix is read
