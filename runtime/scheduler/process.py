@@ -43,10 +43,10 @@ def _top(lp_rows: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
 
 
 def _rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """logits[rows] as a fresh tensor the caller may modify in place. The index goes up through pinned memory:
-    a pageable copy would wait for the forward still running on the GPU (a host sync)."""
+    """logits[rows]; all rows in order are the tensor itself, with no [B, V] copy (a caller that writes into it
+    clones first). The index goes up through pinned memory: a pageable copy would wait for the GPU forward."""
     if rows == list(range(logits.shape[0])):
-        return logits.clone()
+        return logits
     return logits[to_device(rows, torch.int64, logits.device)]
 
 
@@ -128,7 +128,10 @@ class ResultProcessor:
         )
         want = [b for b, r in enumerate(reqs) if r.return_logprob]
         lp = compute_logprobs(_rows(logits, want)) if want else None  # raw logits: before the grammar mask
-        apply_grammar_masks(logits, [r.grammar for r in reqs])  # `logits` is this step's copy of the rows
+        grammars = [r.grammar for r in reqs]
+        if any(g is not None for g in grammars):
+            logits = logits.clone()  # the mask goes in place; the forward's output is an inference tensor
+            apply_grammar_masks(logits, grammars)
         next_ids = sample(logits, info).next_ids.tolist()
         for b, (req, tok) in enumerate(zip(reqs, next_ids, strict=True)):
             try:
