@@ -15,12 +15,12 @@ import workloads as W
 
 from kernels import ref, torch_backend, torch_extend
 from runtime.config import make_config
+from runtime.executor.model_runner import create_model_runner
 from runtime.messages import TokenizedGenerateReq
-from runtime.model_runner import create_model_runner
 from runtime.models.registry import default_model_path
-from runtime.sampling_params import SamplingParams
+from runtime.sampling.params import SamplingParams
 from runtime.scheduler import Scheduler
-from runtime.tokenizer import Tokenizer
+from runtime.tokenizer.tokenizer import Tokenizer
 
 dtype = sys.argv[1]
 path = default_model_path()

@@ -21,8 +21,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from runtime.config import make_config  # noqa: E402
-from runtime.model_runner import create_model_runner  # noqa: E402
-from runtime.offline import OfflineBatch  # noqa: E402
+from runtime.executor.greedy import OfflineBatch  # noqa: E402
+from runtime.executor.model_runner import create_model_runner  # noqa: E402
 
 
 def _sync(device: str) -> None:

@@ -8,7 +8,7 @@ and every last page holds exactly 1 token. That works for any slot layout (page 
 indptr would be read back, a sync); the wrapper `plan` runs at the first layer of the step (when q's head
 count and dtype are known) and every later layer reuses it.
 
-CUDA graphs (runtime/cuda_graph.py): `init_cuda_graph_state` makes one decode wrapper per captured batch size
+CUDA graphs (runtime/executor/cuda_graph.py): `init_cuda_graph_state` makes one decode wrapper per captured batch size
 in FlashInfer's graph mode, over fixed indptr / indices / last-page buffers. `init_forward_graph` plans the
 bucket's wrapper before each replay (outside the graph); plan copies the step's CSR into those fixed buffers,
 which the captured kernels read. flashinfer is imported only when this backend is constructed.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from kernels import ref
-from kernels.api import AttnMetadata
+from kernels.api import AttnMetadata, BaseAttnBackend
 
 
 def build_kv_indices(
@@ -50,7 +50,7 @@ def host_indptr(lens: tuple[int, ...]) -> torch.Tensor:
     return out
 
 
-class FlashInferAttnBackend:
+class FlashInferAttnBackend(BaseAttnBackend):
     supports_cuda_graph = True
 
     def __init__(
@@ -64,7 +64,6 @@ class FlashInferAttnBackend:
         self.workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=k_cache.device)
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
         self.decoder = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD")
-        self.meta: AttnMetadata | None = None
         self._csr: tuple[torch.Tensor, ...] = ()
         self._planned = False
         self._graph_decoders: dict[int, object] = {}  # batch size -> graph-mode decode wrapper

@@ -14,16 +14,15 @@ import torch
 import torch.nn.functional as F
 
 from kernels import ref, torch_extend
-from kernels.api import AttnMetadata
+from kernels.api import AttnMetadata, BaseAttnBackend
 from kernels.cascade import cascade_decode_attention, plan_cascade
 
 
-class TorchAttnBackend:
+class TorchAttnBackend(BaseAttnBackend):
     def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> None:
         self.k_cache = k_cache  # [L, S, Hkv, D]
         self.v_cache = v_cache
         self.scale = scale
-        self.meta: AttnMetadata | None = None
         self.use_cascade = True
 
     def init_forward(self, meta: AttnMetadata) -> None:

@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 
 from runtime.config import make_config
 from runtime.env import load_env
-from runtime.generate_input import GenerateRequest, RequestError, normalize_generate
 from runtime.launch import ProcessGroup
-from runtime.tokenizer_manager import ModelInfo, TokenizerManager
+from runtime.tokenizer.generate_input import GenerateRequest, RequestError, normalize_generate
+from runtime.tokenizer.manager import ModelInfo, TokenizerManager
 
 T = TypeVar("T")
 _END = object()
@@ -42,7 +42,7 @@ class Engine:
         self._thread.start()
         self._group.start()
         try:
-            from runtime.tokenizer import load_tokenizer
+            from runtime.tokenizer.tokenizer import load_tokenizer
 
             model_path = self._group.config["model_path"]
             with concurrent.futures.ThreadPoolExecutor(1) as pool:

@@ -11,7 +11,7 @@ from typing import Any, Union
 
 import msgspec
 
-from runtime.sampling_params import SamplingParams
+from runtime.sampling.params import SamplingParams
 
 
 class Msg(msgspec.Struct, tag=True, kw_only=True):

@@ -15,8 +15,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from runtime.config import Config
-from runtime.generate_input import RequestError
-from runtime.tokenizer_manager import TokenizerManager
+from runtime.tokenizer.generate_input import RequestError
+from runtime.tokenizer.manager import TokenizerManager
 from server.auth import GuardMiddleware
 from server.errors import install_error_handlers
 from server.metrics import Metrics

@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from runtime.generate_input import RequestError
+from runtime.tokenizer.generate_input import RequestError
 
 logger = logging.getLogger(__name__)
 

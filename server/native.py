@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
-from runtime.generate_input import GenerateRequest, RequestError, normalize_generate
-from runtime.tokenizer_manager import RequestHandle
+from runtime.tokenizer.generate_input import GenerateRequest, RequestError, normalize_generate
+from runtime.tokenizer.manager import RequestHandle
 from server.app import JSON, SSE_DONE, get_state, sse
 from server.errors import error_body, read_json
 

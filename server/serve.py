@@ -24,7 +24,7 @@ import uvicorn
 from runtime.config import Config
 from runtime.env import load_env
 from runtime.launch import LaunchError, ProcessGroup
-from runtime.tokenizer_manager import ModelInfo, TokenizerManager
+from runtime.tokenizer.manager import ModelInfo, TokenizerManager
 from server.app import ServerState, create_app
 
 logger = logging.getLogger("radixgen")
@@ -190,7 +190,7 @@ def _in_thread(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> asyncio.
 
 
 def _load_tokenizer(cfg: Config, model_path: str) -> Any:
-    from runtime.tokenizer import load_tokenizer
+    from runtime.tokenizer.tokenizer import load_tokenizer
 
     return load_tokenizer(cfg.model.tokenizer_path or model_path)
 

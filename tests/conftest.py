@@ -21,7 +21,7 @@ def smollm_path() -> str:
 def smollm_runner(smollm_path):
     """A float32 SmolLM2 runner with a small KV pool (tests that need others build their own)."""
     from runtime.config import make_config
-    from runtime.model_runner import create_model_runner
+    from runtime.executor.model_runner import create_model_runner
 
     return create_model_runner(make_config(model_path=smollm_path, max_total_tokens=8192), progress=False)
 

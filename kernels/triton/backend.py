@@ -4,20 +4,20 @@ Same contract as kernels/torch_backend.py (the reference): `init_forward(meta)` 
 per-step device metadata (qo_start for extend; decode scratch reused across layers and steps), then each layer
 calls `extend` or `decode`. Decode launches depend only on (B, Hkv, num_kv_splits), never on host lengths,
 and read only the metadata tensors and the preallocated split scratch, so a decode step can be captured in
-a CUDA graph (`supports_cuda_graph`; runtime/cuda_graph.py) once `init_cuda_graph_state` has sized the scratch.
+a CUDA graph (`supports_cuda_graph`; runtime/executor/cuda_graph.py) once `init_cuda_graph_state` has sized the scratch.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels.api import AttnMetadata
+from kernels.api import AttnMetadata, BaseAttnBackend
 from kernels.triton.decode_attention import alloc_decode_scratch, decode_attention
 from kernels.triton.extend_attention import extend_attention
 from kernels.triton.store_kv import store_kv
 
 
-class TritonAttnBackend:
+class TritonAttnBackend(BaseAttnBackend):
     supports_cuda_graph = True
 
     def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, num_kv_splits: int = 8) -> None:
@@ -25,7 +25,6 @@ class TritonAttnBackend:
         self.v_cache = v_cache
         self.scale = scale
         self.num_kv_splits = num_kv_splits
-        self.meta: AttnMetadata | None = None
         self._qo_start: torch.Tensor | None = None  # [B] exclusive cumsum of extend_lens (extend only)
         self._max_extend = 0
         self._mid: tuple[torch.Tensor, torch.Tensor] | None = None  # decode split scratch, grown on demand

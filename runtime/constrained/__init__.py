@@ -8,7 +8,7 @@ Public API (see backend.py for the threading model, grammar.py for the per-step 
     Grammar: accept_token, is_terminated, fill_mask, write_bitmask, jump_forward, jump_forward_bytes, rollback,
              replace_tail, advance_text, copy
     apply_grammar_masks(logits, grammars), fill_masks(grammars, mask), plan_jump_forward(...) -> JumpPlan
-Scheduler seam (runtime/launch.py): create_grammar_backend(cfg, tok); backend.get_future(SamplingParams) ->
+Scheduler seam (runtime/scheduler/process.py): create_grammar_backend(cfg, tok); backend.get_future(SamplingParams) ->
     SchedulerFuture | None (result() -> Grammar or raises GrammarCompileError). Server: validate_params(sp).
 Names load lazily so the compile worker (which needs only schema.py) never imports torch.
 """

@@ -446,7 +446,7 @@ GrammarBackend.get_future = _get_future  # the scheduler seam: get_future(Sampli
 
 
 def create_grammar_backend(cfg, tok) -> GrammarBackend | None:  # noqa: ANN001 (runtime.config.Config, Tokenizer)
-    """What runtime/launch.py calls in the scheduler process."""
+    """What runtime/scheduler/process.py calls in the scheduler process."""
     if cfg.grammar.grammar_backend == "none":
         return None
     return GrammarBackend.from_tokenizer(tok, cfg.grammar)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from kernels import ref
 from kernels.api import BaseAttnBackend
-from runtime.forward_batch import ForwardBatch
+from runtime.executor.forward_batch import ForwardBatch
 from runtime.models.arch import ModelArch
 
 
@@ -95,7 +95,7 @@ class LlamaForCausalLM:
                 q = self.rmsnorm(q, lw.q_norm, a.rms_eps)[0]
                 k = self.rmsnorm(k, lw.k_norm, a.rms_eps)[0]
             q, k = self.apply_rope(q, k, fb.positions, self.cos_sin)
-            o = attn.decode(q, k, v, i) if fb.is_decode else attn.extend(q, k, v, i)  # [T, Hq, D]
+            o = attn.forward(q, k, v, i)  # [T, Hq, D]
             h = F.linear(o.reshape(t, self.q_size), lw.w_o)
             x, residual = self.rmsnorm(h, lw.ln_mlp, a.rms_eps, residual)
             gate, up = F.linear(x, lw.w_gate_up).chunk(2, dim=-1)

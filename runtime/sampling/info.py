@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.sampling_params import GREEDY_EPS, SamplingParams
-from runtime.staging import to_device
+from runtime.executor.staging import to_device
+from runtime.sampling.params import GREEDY_EPS, SamplingParams
 
 _MASK64 = (1 << 64) - 1
 

@@ -16,8 +16,8 @@ from typing import NamedTuple
 
 import torch
 
+from runtime.executor.staging import to_device
 from runtime.sampling.info import SamplingInfo, mix_seed
-from runtime.staging import to_device
 
 
 class SampleOutput(NamedTuple):

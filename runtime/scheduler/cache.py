@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from radix_cache import RadixCache
-from runtime.core import Req
-from runtime.memory import ReqToTokenTable, SlotAllocator
+from runtime.executor.memory import ReqToTokenTable, SlotAllocator
+from runtime.scheduler.core import Req
 
 
 class KVManager:

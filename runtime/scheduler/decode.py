@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import torch
 
-from runtime.core import Batch, Req
 from runtime.scheduler.cache import KVManager
+from runtime.scheduler.core import Batch, Req
 
 RETRACT_DECODE_STEPS = 20  # retract until every remaining request has room for this many steps
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from runtime.core import Req, finish_length, finish_stop
+from runtime.scheduler.core import Req, finish_length, finish_stop
 
 REGEX_TAIL_TOKENS = 64  # decoded tail for stop_regex (its match length is unbounded)
 

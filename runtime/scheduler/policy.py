@@ -11,7 +11,7 @@ Without the radix cache every policy is fcfs.
 from __future__ import annotations
 
 from radix_cache import RadixCache, TreeNode
-from runtime.core import Req
+from runtime.scheduler.core import Req
 
 LPM_FALLBACK = 128
 POLICIES = ("fcfs", "lpm", "dfs-weight")

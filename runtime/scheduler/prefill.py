@@ -21,8 +21,8 @@ import torch
 
 from radix_cache import RadixCache
 from runtime.config import SchedulerConfig
-from runtime.core import Batch, Req
 from runtime.scheduler.cache import KVManager
+from runtime.scheduler.core import Batch, Req
 
 CLIP_MAX_NEW_TOKENS = 4096
 IN_BATCH_PREFIX_MIN = 32  # defer when the batch would share at least this many more tokens than the tree

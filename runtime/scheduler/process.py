@@ -1,188 +1,136 @@
-"""After the forward: commit the new KV, record prompt logprobs, sample, advance grammars, check finishes.
+"""The scheduler process: its entry point, its wiring and its loop.
 
-Input: the step's `Batch` and the runner's logits [K, V] float32 (rows follow `batch.logit_rows`).
-Output: the requests that sampled a token or finished; the scheduler turns them into ReqTokenOut.
-A prefill whose prompt is complete (or a chunk of one) enters the tree at once (`cache_unfinished`), so
-requests deferred for in-batch sharing, and `n > 1` copies, hit it next step.
-
-Logprobs are log_softmax of the model's raw logits (before penalties, bias, grammar mask and temperature),
-the same distribution for prompt and output positions.
-
-Grammar: one packed bitmask for the constrained rows only (`apply_grammar_masks`) is applied to the sampled
-rows' logits; a batch without grammars pays one list scan. A grammar that rejects a token aborts only that
-request. Jump-forward (unless disabled): after a token, text the grammar forces is tokenized and appended at
-once (`req.jump_tokens` = how many), re-tokenized together with the token sampled this step; the scheduler then
-requeues the request so the appended tokens are computed as an extend over its cached prefix. Nothing already
-streamed or already in the KV pool is ever replaced, so the client's token stream never needs correcting.
-
-Isolation: any other exception while processing one request's sampled token (a bug, or the testing-only
-failpoint RADIXGEN_FAULT_INJECT_RID) aborts only that request ("internal error while processing request:
-..."), logged with its traceback; the scheduler frees it through the normal finish path.
+`run_scheduler_process(spec)` is the spawn target (runtime/launch.py). It builds the scheduler through a
+factory (`create_scheduler`: model runner, tokenizer, grammar backend; tests swap in a fake through
+RADIXGEN_SCHEDULER_FACTORY), reports ready, then runs `SchedulerLoop`:
+receive from the TokenizerManager -> `Scheduler.handle` each message -> `Scheduler.step()` -> push the
+step's `BatchTokenOut` to the detokenizer; control replies go straight back to the TokenizerManager.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable
+from typing import Any
 
-import torch
+import zmq
 
-from runtime.constrained.grammar import apply_grammar_masks, plan_jump_forward
-from runtime.core import Batch, Req, finish_abort, finish_length
-from runtime.sampling import SamplingInfo, compute_logprobs, sample, top_logprobs
-from runtime.scheduler.cache import KVManager
-from runtime.scheduler.finish import check_finished
-from runtime.staging import to_device
+from runtime.child import start_child
+from runtime.config import Config
+from runtime.ipc import Endpoints, Receiver, Sender
+from runtime.messages import (
+    BatchTokenOut,
+    InternalStateOut,
+    ReqTokenOut,
+    ShutdownReq,
+    ToDetokenizer,
+    TokenizedGenerateReq,
+    ToScheduler,
+    ToTokenizer,
+)
 
-log = logging.getLogger(__name__)
-
-
-def _top(lp_rows: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
-    vals, ids = top_logprobs(lp_rows, k)
-    return [list(zip(v, i, strict=True)) for v, i in zip(vals.tolist(), ids.tolist(), strict=True)]
-
-
-def _rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """logits[rows]; all rows in order are the tensor itself, with no [B, V] copy (a caller that writes into it
-    clones first). The index goes up through pinned memory: a pageable copy would wait for the GPU forward."""
-    if rows == list(range(logits.shape[0])):
-        return logits
-    return logits[to_device(rows, torch.int64, logits.device)]
+logger = logging.getLogger(__name__)
+DEFAULT_SCHEDULER_FACTORY = "runtime.scheduler.process:create_scheduler"
 
 
-class ResultProcessor:
-    def __init__(self, kv: KVManager, vocab_size: int, eos_ids: frozenset[int], decode_fn, default_seed: int,
-                 jump_encode: Callable[[str], list[int]] | None = None,
-                 token_bytes: Callable[[int], bytes] | None = None, fault_rid: str | None = None,
-                 fault_at: int = 1):
-        self.kv = kv
-        self.fault_rid = fault_rid  # testing-only failpoint (RADIXGEN_FAULT_INJECT_RID); None: off
-        self.fault_at = fault_at
-        self.jump_encode = jump_encode  # None: jump-forward off (disabled, or no tokenizer)
-        self.token_bytes = token_bytes  # None: no boundary re-tokenization (forced text tokenized alone)
-        self.vocab_size = vocab_size
-        self.eos_ids = eos_ids
-        self.decode_fn = decode_fn
-        self.default_seed = default_seed
+def run_scheduler_process(spec: dict) -> None:
+    start_child(spec, "scheduler", _build_scheduler_loop)
 
-    def process(self, batch: Batch, logits: torch.Tensor) -> list[Req]:
-        """Update every request of `batch`; return those that produced a token or finished this step."""
-        samplers: list[Req] = []
-        rows: list[int] = []
-        done: list[Req] = []
-        for b, req in enumerate(batch.reqs):
-            start, count = batch.logit_rows[b]
-            old_cached = req.cached_len
-            req.cached_len, req.extend_len = req.seq_len, 0
-            if batch.is_decode:
-                samplers.append(req)
-                rows.append(start)
-                continue
-            if req.wants_input_logprobs:
-                self._prompt_logprobs(req, old_cached, batch.logit_offsets[b], logits[start : start + count])
-            complete = req.cached_len == len(req.fill_ids)
-            self.kv.cache_unfinished(req)
-            if not complete:
-                continue
-            req.prefilled = True
-            if req.remaining_new_tokens == 0:
-                req.finish_reason = finish_length(0)
-                done.append(req)
-            else:
-                samplers.append(req)
-                rows.append(start + count - 1)
-        if samplers:
-            self._sample(samplers, _rows(logits, rows))
-        return samplers + done
 
-    def _prompt_logprobs(self, req: Req, old_cached: int, offs: list[int], lg: torch.Tensor) -> None:
-        """Append logprobs of prompt tokens scored by this chunk's logits (offs[i] -> position old_cached+offs[i])."""
-        ids = req.origin_input_ids
-        start = req.logprob_start_len
-        if start == 0 and old_cached == 0:
-            req.in_logprobs.append((None, ids[0]))
-            req.in_top_logprobs.append(None)
-        keep = [i for i, o in enumerate(offs) if max(start - 1, 0) <= old_cached + o < len(ids) - 1]
-        if not keep:
-            return
-        lp = compute_logprobs(lg[keep])
-        targets = [ids[old_cached + offs[i] + 1] for i in keep]
-        chosen = lp.gather(-1, torch.tensor(targets, device=lp.device)[:, None]).squeeze(-1).tolist()
-        req.in_logprobs.extend(zip(chosen, targets, strict=True))
-        if req.top_logprobs_num:
-            req.in_top_logprobs.extend(_top(lp, req.top_logprobs_num))
+def create_scheduler(cfg: Config) -> tuple[Any, dict[str, Any]]:
+    """The real scheduler over the model runner; returns it and what the server needs to know."""
+    from runtime.config import resolve
+    from runtime.executor.model_runner import create_model_runner
+    from runtime.scheduler import Scheduler
+    from runtime.tokenizer.tokenizer import load_tokenizer
 
-    def _sample(self, reqs: list[Req], logits: torch.Tensor) -> None:
-        """Sample one token per request from its logits row [B, V], append it, check finishes."""
-        stop_ids = [[] if r.sampling_params.ignore_eos else sorted(self.eos_ids | set(r.sampling_params.stop_token_ids))
-                    for r in reqs]
-        info = SamplingInfo.build(
-            params=[r.sampling_params for r in reqs],
-            output_ids=[r.output_ids for r in reqs],
-            steps=[len(r.output_ids) for r in reqs],
-            vocab_size=self.vocab_size,
-            stop_ids=stop_ids,
-            default_seed=self.default_seed,
-            device=logits.device,
-            seeds=[r.seed for r in reqs],
-        )
-        want = [b for b, r in enumerate(reqs) if r.return_logprob]
-        lp = compute_logprobs(_rows(logits, want)) if want else None  # raw logits: before the grammar mask
-        grammars = [r.grammar for r in reqs]
-        if any(g is not None for g in grammars):
-            logits = logits.clone()  # the mask goes in place; the forward's output is an inference tensor
-            apply_grammar_masks(logits, grammars)
-        next_ids = sample(logits, info).next_ids.tolist()
-        for b, (req, tok) in enumerate(zip(reqs, next_ids, strict=True)):
-            try:
-                self._accept(req, tok, lp[want.index(b)] if lp is not None and req.return_logprob else None)
-            except Exception as e:  # an error in one request's processing aborts that request only
-                log.exception("internal error while processing request %s", req.rid)
-                why = f"internal error while processing request: {type(e).__name__}: {e}"
-                req.finish_reason = finish_abort(why)
+    cfg = resolve(cfg)
+    runner = create_model_runner(cfg, progress=False)
+    tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.model_path)
+    sched = Scheduler(runner, runner.allocator, runner.req_to_token, cfg, runner.eos_token_ids,
+                      decode_fn=tok.decode, grammar_backend=_grammar_backend(cfg, tok),
+                      # Forced grammar text is plain text: control-token spellings stay characters.
+                      encode_fn=lambda text: tok.encode(text, add_special_tokens=False, allow_special=False),
+                      token_bytes_fn=tok.token_bytes)
+    info = {"context_len": runner.context_len, "vocab_size": runner.vocab_size,
+            "max_total_num_tokens": runner.pool.num_slots, "config": cfg.to_dict()}
+    return sched, info
 
-    def _accept(self, req: Req, tok: int, lp_row: torch.Tensor | None) -> None:
-        """Append the sampled `tok` to `req` (with its logprobs from `lp_row` [V]), advance its grammar, check
-        finishes, jump forward. Raising here aborts `req` only (the normal finish path frees it)."""
-        req.output_ids.append(tok)
-        if lp_row is not None:
-            req.out_logprobs.append((float(lp_row[tok]), tok))
-            if req.top_logprobs_num:
-                req.out_top_logprobs.extend(_top(lp_row[None], req.top_logprobs_num))
-        if req.rid == self.fault_rid and len(req.output_ids) >= self.fault_at:
-            raise RuntimeError(f"injected fault (RADIXGEN_FAULT_INJECT_RID) at token {len(req.output_ids)}")
-        if req.grammar is not None:
-            try:
-                req.grammar.accept_token(tok)
-            except Exception as e:  # a broken grammar state ends this request only
-                req.finish_reason = finish_abort(f"grammar rejected sampled token {tok}: {e}")
-                return
-        check_finished(req, self.eos_ids, self.decode_fn)
-        if req.grammar is not None and not req.finished and self.jump_encode and not req.return_logprob:
-            self._jump_forward(req)
 
-    def _jump_forward(self, req: Req) -> None:
-        """Append the grammar-forced continuation of `req`, re-tokenizing it together with the token sampled
-        this step (so the ids are what the tokenizer gives for the whole text where that token merges with the
-        forced text). Only that last token may be replaced: it has not been streamed yet (sent_len is behind it)
-        and has no KV yet (decode computes it next step), so neither the client nor the pool sees the change."""
-        window = 1 if self.token_bytes is not None and len(req.output_ids) > req.sent_len else 0
+def _grammar_backend(cfg: Config, tok: Any) -> Any:
+    if cfg.grammar.grammar_backend == "none":
+        return None
+    try:
+        mod = importlib.import_module("runtime.constrained")
+    except ImportError:
+        return None
+    create = getattr(mod, "create_grammar_backend", None)
+    return create(cfg, tok) if create is not None else None
+
+
+def _load_factory(path: str) -> Callable[[Config], tuple[Any, dict[str, Any]]]:
+    module, _, func = path.partition(":")
+    return getattr(importlib.import_module(module), func)
+
+
+class SchedulerLoop:
+    """receive -> handle -> step -> send, forever (until ShutdownReq)."""
+
+    def __init__(self, scheduler: Any, info: dict[str, Any], ctx: zmq.Context, ep: Endpoints) -> None:
+        self.scheduler, self.info = scheduler, info
+        self._recv = Receiver(ctx, ep.scheduler, ToScheduler)
+        self._to_detok = Sender(ctx, ep.detokenizer, ToDetokenizer)
+        self._to_tm = Sender(ctx, ep.tokenizer, ToTokenizer)
+
+    def run(self) -> None:
+        s = self.scheduler
+        idle_wait = True
+        while True:
+            if s.has_work() and not idle_wait:
+                msgs = self._recv.drain()
+            else:  # idle: block (1 s slices); busy but nothing came out last step: yield briefly
+                first = self._recv.recv(timeout_ms=1000 if not s.has_work() else 1)
+                msgs = [] if first is None else [first, *self._recv.drain()]
+                if not msgs and not s.has_work():
+                    continue
+            for msg in msgs:
+                if isinstance(msg, ShutdownReq):
+                    return
+                self._handle(msg)
+            outs = s.step()
+            if outs:
+                self._to_detok.send(BatchTokenOut(outs=outs))
+            idle_wait = not outs
+
+    def _handle(self, msg: Any) -> None:
         try:
-            plan = plan_jump_forward(req.grammar, req.output_ids, self.token_bytes or (lambda t: b""),
-                                     self.jump_encode, window=window)
-        except Exception:  # jump-forward is an optimisation: on any surprise decode normally
+            reply = self.scheduler.handle(msg)
+        except Exception as e:  # a bad request aborts itself only
+            if not isinstance(msg, TokenizedGenerateReq):
+                raise
+            logger.exception("request %s failed", msg.rid)
+            fr = {"type": "abort", "message": f"internal error: {type(e).__name__}: {e}"}
+            self._to_detok.send(BatchTokenOut(outs=[ReqTokenOut(rid=msg.rid, new_ids=[], finish_reason=fr)]))
             return
-        if plan is None or plan.rollback > window:
-            return
-        ids = plan.new_ids[: req.remaining_new_tokens + plan.rollback]
-        if not ids:
-            return
-        try:
-            req.grammar.replace_tail(plan.rollback, ids)  # restores the grammar state when it raises
-        except ValueError:
-            return
-        if plan.rollback:
-            del req.output_ids[-plan.rollback :]
-        req.output_ids.extend(ids)
-        req.jump_tokens = len(ids)
-        check_finished(req, self.eos_ids, self.decode_fn)
+        if isinstance(reply, InternalStateOut):
+            reply = InternalStateOut(state={**reply.state, **self._grammar_state()})
+        if reply is not None:
+            self._to_tm.send(reply)
+
+    def _grammar_state(self) -> dict[str, Any]:
+        """Grammar compile counters under SGLang's metric names (none without a grammar backend)."""
+        stats = getattr(getattr(self.scheduler, "grammar_backend", None), "stats", None)
+        if stats is None:
+            return {}
+        g = stats()
+        return {"num_grammar_total": g.get("compile_count", 0) + g.get("cache_hits", 0),
+                "num_grammar_cache_hit_total": g.get("cache_hits", 0),
+                "num_grammar_timeout_total": g.get("timeouts", 0),
+                "grammar_compilation_time_seconds_sum": g.get("compile_time_total", 0.0)}
+
+
+def _build_scheduler_loop(cfg: Config, ctx: zmq.Context, spec: dict) -> SchedulerLoop:
+    factory = _load_factory(spec.get("scheduler_factory") or DEFAULT_SCHEDULER_FACTORY)
+    scheduler, info = factory(cfg)
+    return SchedulerLoop(scheduler, info, ctx, Endpoints(**spec["endpoints"]))

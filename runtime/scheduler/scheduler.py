@@ -20,10 +20,9 @@ from typing import Any, Protocol
 import torch
 
 from runtime.config import Config, resolve
-from runtime.core import Batch, Req, finish_abort
 from runtime.env import load_env
-from runtime.forward_batch import ForwardBatch
-from runtime.memory import ReqToTokenTable, SlotAllocator
+from runtime.executor.forward_batch import ForwardBatch
+from runtime.executor.memory import ReqToTokenTable, SlotAllocator
 from runtime.messages import (
     AbortReq,
     FlushCacheOut,
@@ -34,12 +33,13 @@ from runtime.messages import (
     TokenizedGenerateReq,
 )
 from runtime.sampling import mix_seed
-from runtime.sampling_params import SamplingParams
+from runtime.sampling.params import SamplingParams
 from runtime.scheduler.cache import KVManager
+from runtime.scheduler.core import Batch, Req, finish_abort
 from runtime.scheduler.decode import plan_decode, retract_ratio
+from runtime.scheduler.output import ResultProcessor
 from runtime.scheduler.policy import order_waiting
 from runtime.scheduler.prefill import PrefillAdder
-from runtime.scheduler.process import ResultProcessor
 
 log = logging.getLogger(__name__)
 

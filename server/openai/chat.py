@@ -18,9 +18,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from runtime.chat_template import resolve_chat_template
-from runtime.generate_input import GenerateRequest, RequestError
-from runtime.tokenizer_manager import TokenizerManager
+from runtime.tokenizer.chat_template import resolve_chat_template
+from runtime.tokenizer.generate_input import GenerateRequest, RequestError
+from runtime.tokenizer.manager import TokenizerManager
 from server.app import JSON, ServerState, get_state
 from server.native import ClientGone, until_disconnect
 from server.openai import common as C

@@ -15,8 +15,8 @@ from typing import Any
 
 from fastapi import Request
 
-from runtime.generate_input import RequestError
-from runtime.tokenizer_manager import RequestHandle
+from runtime.tokenizer.generate_input import RequestError
+from runtime.tokenizer.manager import RequestHandle
 from server.app import ServerState
 from server.errors import read_json
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.tokenizer_manager import TokenizerManager
+from runtime.tokenizer.manager import TokenizerManager
 
 
 class LogprobFormatter:

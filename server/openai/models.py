@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from runtime.generate_input import RequestError
+from runtime.tokenizer.generate_input import RequestError
 from server.app import JSON, ServerState, get_state
 from server.openai.common import served_names
 

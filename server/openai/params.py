@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 
 from runtime.config import ServerConfig
-from runtime.generate_input import RequestError
+from runtime.tokenizer.generate_input import RequestError
 
 logger = logging.getLogger(__name__)
 

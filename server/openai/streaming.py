@@ -19,8 +19,8 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from runtime.generate_input import RequestError
-from runtime.tokenizer_manager import RequestHandle
+from runtime.tokenizer.generate_input import RequestError
+from runtime.tokenizer.manager import RequestHandle
 from server.app import SSE_DONE, sse
 from server.errors import error_body
 from server.openai import tools as T

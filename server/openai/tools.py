@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.generate_input import RequestError
+from runtime.tokenizer.generate_input import RequestError
 from server.openai.params import check_schema
 
 TOOL_PROMPT = (

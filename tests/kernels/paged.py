@@ -70,7 +70,7 @@ def step_meta(pb, prefix: list[int], extend: list[int], is_decode: bool) -> Attn
         return torch.tensor(x, dtype=torch.int64, device=dev)
 
     return AttnMetadata(
-        is_decode=is_decode, req_to_token=pb.req_to_token, req_pool_indices=pb.req_pool_indices,
+        num_decode=len(extend) if is_decode else 0, req_to_token=pb.req_to_token, req_pool_indices=pb.req_pool_indices,
         seq_lens=t(seq), prefix_lens=t(prefix), extend_lens=t(extend), out_cache_loc=loc,
         seq_lens_cpu=tuple(seq), prefix_lens_cpu=tuple(prefix), extend_lens_cpu=tuple(extend),
     )

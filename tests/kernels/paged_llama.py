@@ -2,7 +2,7 @@
 
 Only attention goes through `kernels.create_attn_backend(name, ...)`; norms and rope use kernels.ref, so
 comparing runs across backend names isolates the attention backends. KV pool and table follow
-runtime.memory's layout: K/V [L, S, Hkv, D], req_to_token [B, max_context] int32, pages of `page_size`
+runtime.executor.memory's layout: K/V [L, S, Hkv, D], req_to_token [B, max_context] int32, pages of `page_size`
 slots handed to requests in a scattered order.
 """
 
@@ -110,7 +110,7 @@ class GreedyRun:
             return torch.tensor(x, dtype=torch.int64, device=dev)
 
         meta = AttnMetadata(
-            is_decode=is_decode, req_to_token=r2t, req_pool_indices=rows, seq_lens=t(seq),
+            num_decode=len(extend) if is_decode else 0, req_to_token=r2t, req_pool_indices=rows, seq_lens=t(seq),
             prefix_lens=t(prefix), extend_lens=t(extend), out_cache_loc=loc, seq_lens_cpu=tuple(seq),
             prefix_lens_cpu=tuple(prefix), extend_lens_cpu=tuple(extend),
         )

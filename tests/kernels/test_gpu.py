@@ -158,8 +158,8 @@ def test_smollm2_greedy_bf16_equals_torch_until_near_tie(smollm2, backend: str) 
 # The same property through the engine itself: runtime's model runner on CUDA, one runner per backend.
 def _engine_greedy(backend: str, dtype: str, prompts: list[list[int]]):
     from runtime.config import make_config, resolve
-    from runtime.model_runner import create_model_runner
-    from runtime.offline import OfflineBatch
+    from runtime.executor.greedy import OfflineBatch
+    from runtime.executor.model_runner import create_model_runner
 
     cfg = resolve(make_config(device="cuda", dtype=dtype, attention_backend=backend, max_total_tokens=8192))
     runner = create_model_runner(cfg, progress=False)

@@ -14,7 +14,7 @@ from tests.kernels.paged import make_paged_batch
 def test_import_kernels_and_runtime_skips_triton_and_flashinfer() -> None:
     code = (
         "import kernels, kernels.api, kernels.ref, kernels.torch_backend, kernels.flashinfer_backend, runtime, sys;"
-        "import runtime.model_runner;"
+        "import runtime.executor.model_runner;"
         "bad = [m for m in ('triton', 'flashinfer') if m in sys.modules];"
         "assert not bad, bad"
     )

@@ -26,7 +26,7 @@ def test_batched_decode_matches_reference(group, dtype):
         start += n
     rows = torch.arange(len(lens))
     loc = table[rows, torch.tensor(lens) - 1].long()
-    meta = AttnMetadata(True, table, rows, torch.tensor(lens), torch.tensor(lens) - 1, torch.ones(len(lens)),
+    meta = AttnMetadata(len(lens), table, rows, torch.tensor(lens), torch.tensor(lens) - 1, torch.ones(len(lens)),
                         loc, tuple(lens), tuple(n - 1 for n in lens), (1,) * len(lens))
     q = torch.randn(len(lens), hkv * group, d, generator=g).to(dtype)
     k_new = torch.randn(len(lens), hkv, d, generator=g).to(dtype)

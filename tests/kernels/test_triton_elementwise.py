@@ -77,7 +77,7 @@ def test_rope_llama3_scaled_table(device: str) -> None:
 def test_model_forward_with_triton_norm_and_rope_matches_ref(smollm_runner) -> None:
     """What the CUDA model runs (runtime.models.llama.elementwise_kernels): SmolLM2's forward with the Triton
     RMSNorm and rope (interpreted here) gives the reference forward's logits and argmax."""
-    from runtime.forward_batch import ForwardBatch
+    from runtime.executor.forward_batch import ForwardBatch
     from runtime.models.llama import elementwise_kernels
 
     assert elementwise_kernels("cpu") == (ref.rmsnorm, ref.apply_rope)

@@ -27,7 +27,7 @@ from runtime.constrained import (
     fill_masks,
     plan_jump_forward,
 )
-from runtime.tokenizer import load_tokenizer
+from runtime.tokenizer.tokenizer import load_tokenizer
 
 TIMEOUT = 2.0  # the runaway test's limit
 SLACK_TIMEOUT = 30.0  # other tests: the machine is shared, real compiles must not time out under load
@@ -324,7 +324,7 @@ def test_free_positions_have_no_jump(backend) -> None:
 
 def test_scheduler_seam_get_future_and_validate_params(backend) -> None:
     from runtime.constrained import GrammarCompileError, validate_params
-    from runtime.sampling_params import SamplingParams
+    from runtime.sampling.params import SamplingParams
 
     assert backend.get_future(SamplingParams()) is None
     fut = backend.get_future(SamplingParams(choices=["yes", "no"]))
@@ -394,8 +394,8 @@ def test_workers_die_with_their_parent() -> None:
 def test_grammar_finish_keeps_the_last_content_token(backend, tok) -> None:
     """runtime/scheduler/finish.py: a grammar that ends without EOS must not mark its last token as a matched
     stop token (the detokenizer would cut it: '{"a":1' instead of '{"a":1}')."""
-    from runtime.core import Req
-    from runtime.sampling_params import SamplingParams
+    from runtime.sampling.params import SamplingParams
+    from runtime.scheduler.core import Req
     from runtime.scheduler.finish import check_finished
 
     eos = frozenset(tok.eos_token_ids)

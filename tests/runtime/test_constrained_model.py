@@ -13,14 +13,14 @@ import pytest
 from runtime.config import GrammarConfig, make_config
 from runtime.constrained import GrammarBackend
 from runtime.messages import TokenizedGenerateReq
-from runtime.sampling_params import SamplingParams
+from runtime.sampling.params import SamplingParams
 from runtime.scheduler import Scheduler
 from tests.runtime.test_constrained import LONG_KEYS, REGEXES, SCHEMAS
 
 
 @pytest.fixture(scope="module")
 def tok(smollm_path):
-    from runtime.tokenizer import Tokenizer
+    from runtime.tokenizer.tokenizer import Tokenizer
 
     return Tokenizer.from_gguf(smollm_path)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from radix_cache import RadixCache
-from runtime.core import Batch, Req, SamplingParams, finish_abort, finish_length, finish_stop
+from runtime.scheduler.core import Batch, Req, SamplingParams, finish_abort, finish_length, finish_stop
 from runtime.scheduler.policy import order_waiting
 
 

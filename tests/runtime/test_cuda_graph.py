@@ -13,10 +13,10 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from runtime.cuda_graph import CudaGraphRunner, bucket_for, capture_buckets, pad_decode_metadata
-from runtime.forward_batch import ForwardBatch
-from runtime.memory import KVPool, gpu_kv_slots
-from runtime.offline import OfflineBatch, greedy_generate
+from runtime.executor.cuda_graph import CudaGraphRunner, bucket_for, capture_buckets, pad_decode_metadata
+from runtime.executor.forward_batch import ForwardBatch
+from runtime.executor.greedy import OfflineBatch, greedy_generate
+from runtime.executor.memory import KVPool, gpu_kv_slots
 
 GiB = 1 << 30
 
@@ -75,7 +75,7 @@ def test_gpu_kv_slots_follows_mem_fraction_of_total() -> None:
 
 def test_req_to_token_mirror_flushes_queued_writes_at_once() -> None:
     """The CUDA layout (a host mirror plus a device table) exercised on CPU with two separate tensors."""
-    from runtime.memory import ReqToTokenTable
+    from runtime.executor.memory import ReqToTokenTable
 
     t = ReqToTokenTable(4, 16)
     t.host = t.table.clone()  # what a CUDA table looks like: two tensors
@@ -173,7 +173,7 @@ def test_sort_threshold_equals_radix_select() -> None:
 
 def _cuda_greedy(backend: str, dtype: str, disable_graph: bool, prompts: list[list[int]]) -> tuple[list, int]:
     from runtime.config import make_config
-    from runtime.model_runner import create_model_runner
+    from runtime.executor.model_runner import create_model_runner
 
     cfg = make_config(device="cuda", dtype=dtype, attention_backend=backend, disable_cuda_graph=disable_graph,
                       max_total_tokens=65536, max_running_requests=16, cuda_graph_max_bs=16)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from runtime.detokenizer import Detokenizer
+from runtime.detokenizer.state import Detokenizer
 from runtime.messages import ReqTokenOut
 
 TEXTS = [
@@ -19,7 +19,7 @@ TEXTS = [
 @pytest.fixture(scope="module")
 def tok():
     from runtime.models.registry import default_model_path
-    from runtime.tokenizer import load_tokenizer
+    from runtime.tokenizer.tokenizer import load_tokenizer
 
     return load_tokenizer(default_model_path())
 

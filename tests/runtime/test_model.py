@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from runtime.config import make_config
-from runtime.forward_batch import ForwardBatch
-from runtime.model_runner import create_model_runner
-from runtime.offline import OfflineBatch, greedy_generate
+from runtime.executor.forward_batch import ForwardBatch
+from runtime.executor.greedy import OfflineBatch, greedy_generate
+from runtime.executor.model_runner import create_model_runner
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=300, max_position_embeddings=256, rms_norm_eps=1e-6)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from runtime.sampling import SamplingInfo, compute_logprobs, process_logits, sample, top_logprobs
-from runtime.sampling_params import SamplingParams as SP
+from runtime.sampling.params import SamplingParams as SP
 
 V = 8
 LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])

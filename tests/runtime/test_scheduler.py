@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from runtime.config import make_config
-from runtime.memory import ReqToTokenTable, SlotAllocator
+from runtime.executor.memory import ReqToTokenTable, SlotAllocator
 from runtime.messages import AbortReq, FlushCacheReq, GetInternalStateReq, TokenizedGenerateReq
-from runtime.sampling_params import SamplingParams
+from runtime.sampling.params import SamplingParams
 from runtime.scheduler import Scheduler
 
 V = 64

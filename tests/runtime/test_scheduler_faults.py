@@ -36,7 +36,7 @@ def test_injected_fault_aborts_only_that_request(monkeypatch, caplog, at_token: 
     prompts["bad_0"] = prompt(7, seed=99)  # a rid that merely starts with the poisoned one is untouched
     for rid, p in prompts.items():
         sched.handle(gen(rid, p, max_new=8))
-    with caplog.at_level(logging.ERROR, logger="runtime.scheduler.process"):
+    with caplog.at_level(logging.ERROR, logger="runtime.scheduler.output"):
         res = drain(sched)
     fr = res.final("bad").finish_reason
     assert fr["type"] == "abort", fr

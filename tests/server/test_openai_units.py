@@ -8,7 +8,7 @@ import json
 import pytest
 
 from runtime.config import ServerConfig
-from runtime.generate_input import RequestError
+from runtime.tokenizer.generate_input import RequestError
 from server.openai import params as P
 from server.openai import tools as T
 
@@ -316,7 +316,7 @@ def test_stream_abort_from_a_bad_grammar_raises_for_the_error_chunk():
 def test_chat_template_flag_name_file_or_model_default(tmp_path):
     from types import SimpleNamespace
 
-    from runtime.chat_template import BUILTIN_TEMPLATES
+    from runtime.tokenizer.chat_template import BUILTIN_TEMPLATES
     from server.openai.chat import chat_template
 
     def resolve(flag, model_template="{{ 'model' }}"):

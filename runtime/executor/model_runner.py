@@ -5,8 +5,8 @@ The scheduler asks for slots from `allocator`, writes them into `req_to_token`, 
 calls `forward(fb)`; the attention backend stores each layer's new K/V into `pool` at `fb.out_cache_loc`.
 
 On CUDA: weights and pool live on the GPU (bf16 by default), the pool is sized from --mem-fraction-static
-(runtime.memory.gpu_kv_slots), the step's metadata goes up in one pinned copy (runtime.staging), decode
-batches up to the largest bucket replay captured CUDA graphs (runtime.cuda_graph) unless
+(runtime.executor.memory.gpu_kv_slots), the step's metadata goes up in one pinned copy (runtime.executor.staging), decode
+batches up to the largest bucket replay captured CUDA graphs (runtime.executor.cuda_graph) unless
 --disable-cuda-graph, and the logits stay on the device: the only host sync of a decode step is the
 scheduler reading the sampled ids.
 """
@@ -20,14 +20,14 @@ import torch
 
 from kernels import AttnMetadata, create_attn_backend
 from runtime.config import Config, resolve
-from runtime.cuda_graph import CudaGraphRunner
-from runtime.forward_batch import ForwardBatch
-from runtime.memory import KVPool, ReqToTokenTable, SlotAllocator, gpu_kv_slots
+from runtime.executor.cuda_graph import CudaGraphRunner
+from runtime.executor.forward_batch import ForwardBatch
+from runtime.executor.memory import KVPool, ReqToTokenTable, SlotAllocator, gpu_kv_slots
+from runtime.executor.staging import upload
 from runtime.models.arch import ModelArch
 from runtime.models.llama import LlamaForCausalLM
 from runtime.models.loader import load_weights, read_eos_ids
 from runtime.models.registry import resolve_model_path
-from runtime.staging import upload
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class ModelRunner:
                  self.model_path, arch.num_layers, num_slots, mc.attention_backend, mc.dtype)
         self.graph_runner: CudaGraphRunner | None = None
         if self.device.type == "cuda" and not mc.disable_cuda_graph:
-            if getattr(self.attn, "supports_cuda_graph", False):
+            if self.attn.supports_cuda_graph:
                 max_bs = min(mc.cuda_graph_max_bs, cfg.scheduler.max_running_requests)
                 self.graph_runner = CudaGraphRunner(
                     self.model, self.attn, self.req_to_token.table, self.pool.pad_slot, max_bs
@@ -100,7 +100,7 @@ class ModelRunner:
         fb = dataclasses.replace(fb, input_ids=ids, positions=pos, out_cache_loc=loc, req_pool_indices=rows,
                                  logits_indices=logit_idx)
         meta = AttnMetadata(
-            is_decode=fb.is_decode,
+            num_decode=fb.batch_size if fb.is_decode else 0,
             req_to_token=self.req_to_token.table,
             req_pool_indices=rows,
             seq_lens=seq,

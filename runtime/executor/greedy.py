@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from runtime.forward_batch import ForwardBatch
-from runtime.model_runner import ModelRunner
+from runtime.executor.forward_batch import ForwardBatch
+from runtime.executor.model_runner import ModelRunner
 
 
 class OfflineBatch:

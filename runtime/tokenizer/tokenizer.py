@@ -27,7 +27,7 @@ from typing import Any
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 
-from runtime.chat_template import (
+from runtime.tokenizer.chat_template import (
     control_pattern,
     mark_control_text,
     render_chat_template,

@@ -29,7 +29,6 @@ import zmq
 import zmq.asyncio
 
 from runtime.config import Config
-from runtime.generate_input import GenerateRequest, RequestError
 from runtime.ipc import AsyncReceiver, Endpoints, Sender
 from runtime.messages import (
     AbortReq,
@@ -43,7 +42,8 @@ from runtime.messages import (
     ToScheduler,
     ToTokenizer,
 )
-from runtime.sampling_params import SamplingParams
+from runtime.sampling.params import SamplingParams
+from runtime.tokenizer.generate_input import GenerateRequest, RequestError
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.staging import upload
+from runtime.executor.staging import upload
 
 
 class KVPool:

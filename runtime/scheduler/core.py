@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from runtime.forward_batch import ForwardBatch
-from runtime.sampling_params import SamplingParams
+from runtime.executor.forward_batch import ForwardBatch
+from runtime.sampling.params import SamplingParams
 
 __all__ = ["Batch", "Req", "SamplingParams", "finish_abort", "finish_length", "finish_stop"]
 

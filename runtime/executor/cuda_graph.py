@@ -32,7 +32,7 @@ from typing import Protocol
 import torch
 
 from kernels.api import AttnMetadata
-from runtime.forward_batch import ForwardBatch
+from runtime.executor.forward_batch import ForwardBatch
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class CudaGraphRunner:
     @torch.inference_mode()
     def capture(self) -> None:
         t = time.perf_counter()
-        if hasattr(self.attn, "init_cuda_graph_state"):
+        if self.attn.supports_cuda_graph:
             self.attn.init_cuda_graph_state(
                 self.max_bs, self.buckets, self.model.arch.num_heads, self.req_to_token.shape[1]
             )
@@ -158,7 +158,7 @@ class CudaGraphRunner:
     def _init_attn(self, bs: int, seq_lens_cpu: tuple[int, ...]) -> None:
         s = self.static
         meta = AttnMetadata(
-            is_decode=True,
+            num_decode=bs,
             req_to_token=self.req_to_token,
             req_pool_indices=s[ROWS, :bs],
             seq_lens=s[SEQ, :bs],
@@ -169,7 +169,7 @@ class CudaGraphRunner:
             prefix_lens_cpu=tuple(x - 1 for x in seq_lens_cpu),
             extend_lens_cpu=(1,) * bs,
         )
-        getattr(self.attn, "init_forward_graph", self.attn.init_forward)(meta)
+        self.attn.init_forward_graph(meta)
 
     def _body(self, bs: int) -> torch.Tensor:
         s = self.static

@@ -1,0 +1,1 @@
+"""The detokenizer process: incremental detokenization state (state.py) and its loop (process.py)."""

@@ -1,0 +1,47 @@
+"""The detokenizer process: its entry point and its loop.
+
+`run_detokenizer_process(spec)` is the spawn target (runtime/launch.py). The loop receives each step's
+`BatchTokenOut` from the scheduler, turns token ids into text deltas (runtime/detokenizer/state.py) and
+pushes a `BatchTextOut` to the TokenizerManager.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import zmq
+
+from runtime.child import start_child
+from runtime.config import Config
+from runtime.ipc import Endpoints, Receiver, Sender
+from runtime.messages import BatchTokenOut, ShutdownReq, ToDetokenizer, ToTokenizer
+
+
+def run_detokenizer_process(spec: dict) -> None:
+    start_child(spec, "detokenizer", _build_detokenizer_loop)
+
+
+class DetokenizerLoop:
+    def __init__(self, detok: Any, ctx: zmq.Context, ep: Endpoints) -> None:
+        self.detok, self.info = detok, {}
+        self._recv = Receiver(ctx, ep.detokenizer, ToDetokenizer)
+        self._send = Sender(ctx, ep.tokenizer, ToTokenizer)
+
+    def run(self) -> None:
+        while True:
+            msg = self._recv.recv()
+            if isinstance(msg, BatchTokenOut):
+                self._send.send(self.detok.process_batch(msg))
+            elif isinstance(msg, ShutdownReq):
+                return
+            else:
+                self._send.send(msg)
+
+
+def _build_detokenizer_loop(cfg: Config, ctx: zmq.Context, spec: dict) -> DetokenizerLoop:
+    from runtime.detokenizer.state import Detokenizer
+    from runtime.tokenizer.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.model_path)
+    detok = Detokenizer(tok.decode, spec.get("detokenizer_max_states", 65536))
+    return DetokenizerLoop(detok, ctx, Endpoints(**spec["endpoints"]))
