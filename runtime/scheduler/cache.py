@@ -125,11 +125,6 @@ class KVManager:
         req.row, req.last_node = None, None
         req.cached_len = req.tree_len = req.extend_len = 0
 
-    def drop_step_slots(self, req: Req, slots: torch.Tensor) -> None:
-        """Undo an `extend` whose forward never ran (the request was aborted before it)."""
-        self.allocator.free(slots)
-        req.extend_len = 0
-
     def flush(self) -> bool:
         """Empty the tree (only when no request holds a lock)."""
         if self.tree is None:

@@ -76,6 +76,7 @@ class Req:
         self.grammar: Any = None
         self.grammar_future: Any = None
         self.grammar_wait_since = 0.0
+        self.jump_tokens = 0  # tokens jump-forward appended this step without KV (the next prefill computes them)
 
     # ---- lengths ----------------------------------------------------------------------------------------------
     @property

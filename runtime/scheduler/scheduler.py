@@ -217,7 +217,7 @@ class Scheduler:
             self.kv.release(req)
             self._emit(req)
             return
-        jumped = getattr(req, "jump_tokens", 0)
+        jumped = req.jump_tokens
         if jumped:
             # Jump-forward appended tokens without KV: requeue the request so the next prefill computes them
             # as an extend over its cached prefix (its KV goes into the tree, like a retraction that keeps it).
