@@ -31,7 +31,6 @@ from typing import Protocol
 
 import torch
 
-from kernels.api import AttnMetadata
 from runtime.executor.forward_batch import ForwardBatch
 
 log = logging.getLogger(__name__)
@@ -155,30 +154,22 @@ class CudaGraphRunner:
         self.replays += 1
         return self.outputs[bucket][:bs]
 
+    def _static_batch(self, bs: int, seq_lens_cpu: tuple[int, ...]) -> ForwardBatch:
+        """A decode batch of `bs` rows over the static buffers (host lengths as given, one new token each)."""
+        s = self.static
+        return ForwardBatch(
+            is_decode=True, input_ids=s[IDS, :bs], positions=s[POS, :bs], out_cache_loc=s[LOC, :bs],
+            req_pool_indices=s[ROWS, :bs], seq_lens=seq_lens_cpu, prefix_lens=tuple(x - 1 for x in seq_lens_cpu),
+            extend_lens=(1,) * bs, logits_indices=self.arange[:bs],
+        )
+
     def _init_attn(self, bs: int, seq_lens_cpu: tuple[int, ...]) -> None:
         s = self.static
-        meta = AttnMetadata(
-            num_decode=bs,
-            req_to_token=self.req_to_token,
-            req_pool_indices=s[ROWS, :bs],
-            seq_lens=s[SEQ, :bs],
-            prefix_lens=s[PRE, :bs],
-            extend_lens=self.ones[:bs],
-            out_cache_loc=s[LOC, :bs],
-            seq_lens_cpu=seq_lens_cpu,
-            prefix_lens_cpu=tuple(x - 1 for x in seq_lens_cpu),
-            extend_lens_cpu=(1,) * bs,
-        )
-        self.attn.init_forward_graph(meta)
+        fb = self._static_batch(bs, seq_lens_cpu)
+        self.attn.init_forward_graph(fb.attn_metadata(self.req_to_token, s[SEQ, :bs], s[PRE, :bs], self.ones[:bs]))
 
     def _body(self, bs: int) -> torch.Tensor:
-        s = self.static
-        fb = ForwardBatch(
-            is_decode=True, input_ids=s[IDS, :bs], positions=s[POS, :bs], out_cache_loc=s[LOC, :bs],
-            req_pool_indices=s[ROWS, :bs], seq_lens=(1,) * bs, prefix_lens=(0,) * bs, extend_lens=(1,) * bs,
-            logits_indices=self.arange[:bs],
-        )
-        return self.model.forward(fb, self.attn)
+        return self.model.forward(self._static_batch(bs, (1,) * bs), self.attn)
 
 
 def _empty_decode() -> ForwardBatch:

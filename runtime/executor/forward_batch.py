@@ -2,6 +2,7 @@
 
 Scheduler (Batch of Reqs) -> ForwardBatch (tensors) -> ModelRunner.forward -> logits [K, vocab] float32
 for the positions in `logits_indices` (each request's last new token, plus prompt-logprob positions).
+`attn_metadata` is the one place a step's AttnMetadata is built (eager forwards and CUDA-graph replays).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from kernels.api import AttnMetadata
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,23 @@ class ForwardBatch:
     @property
     def batch_size(self) -> int:
         return len(self.seq_lens)
+
+    def attn_metadata(self, req_to_token: torch.Tensor, seq_lens: torch.Tensor, prefix_lens: torch.Tensor,
+                      extend_lens: torch.Tensor) -> AttnMetadata:
+        """The step's attention metadata. This batch's index tensors must already be on the model's device;
+        `seq_lens`, `prefix_lens`, `extend_lens` are the device copies [B] int64 of its host length tuples."""
+        return AttnMetadata(
+            num_decode=self.batch_size if self.is_decode else 0,
+            req_to_token=req_to_token,
+            req_pool_indices=self.req_pool_indices,
+            seq_lens=seq_lens,
+            prefix_lens=prefix_lens,
+            extend_lens=extend_lens,
+            out_cache_loc=self.out_cache_loc,
+            seq_lens_cpu=self.seq_lens,
+            prefix_lens_cpu=self.prefix_lens,
+            extend_lens_cpu=self.extend_lens,
+        )
 
     @staticmethod
     def build(

@@ -18,7 +18,7 @@ import logging
 
 import torch
 
-from kernels import AttnMetadata, create_attn_backend
+from kernels import create_attn_backend
 from runtime.config import Config, resolve
 from runtime.executor.cuda_graph import CudaGraphRunner
 from runtime.executor.forward_batch import ForwardBatch
@@ -99,18 +99,7 @@ class ModelRunner:
         )
         fb = dataclasses.replace(fb, input_ids=ids, positions=pos, out_cache_loc=loc, req_pool_indices=rows,
                                  logits_indices=logit_idx)
-        meta = AttnMetadata(
-            num_decode=fb.batch_size if fb.is_decode else 0,
-            req_to_token=self.req_to_token.table,
-            req_pool_indices=rows,
-            seq_lens=seq,
-            prefix_lens=pre,
-            extend_lens=ext,
-            out_cache_loc=loc,
-            seq_lens_cpu=fb.seq_lens,
-            prefix_lens_cpu=fb.prefix_lens,
-            extend_lens_cpu=fb.extend_lens,
-        )
+        meta = fb.attn_metadata(self.req_to_token.table, seq, pre, ext)
         self.attn.init_forward(meta)
         return self.model.forward(fb, self.attn)
 
