@@ -1,0 +1,182 @@
+"""Quantized linear weights kept quantized on the device, and `linear(x, w)` dispatching on the weight type.
+
+Each weight is an nn.Module whose tensors are buffers (so a compiled forward sees them as module state) and whose
+`forward(x)` computes x @ W^T for x [..., K] -> [..., N] in x's dtype. They are built once at load from the
+"logical" form of kernels.quant.rtn (codes + float32 group scales) and repack it into the device's layout:
+
+  CPU   Int4Weight: torch._convert_weight_to_int4pack_for_cpu layout (blocks of 64 output rows, k-major,
+        row i and row i + 32 of a block share a byte) + scale_zero [K / G, N, 2] bfloat16, run by
+        torch._weight_int4pack_mm_for_cpu on bfloat16 activations (its float32/float16 paths are 50-100x
+        slower). Int8Weight: int8 [N, K] + per-channel bfloat16 scales, torch._weight_int8pack_mm.
+  CUDA  Int4/Int8/Fp8Weight: kernels.quant.triton_mm layouts, float32 scales, one Triton dequant-matmul
+        (`triton=True` selects it on CPU too, for the interpreter tests).
+
+The CPU kernels need bfloat16 scales: a float16 GGUF scale keeps 8 of its 11 mantissa bits there (a relative
+change <= 2^-9, far below the 4-bit grid's own rounding); codes are kept exactly. Both torch ops are ATen
+ops with meta kernels, so torch.compile traces them (fullgraph).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.quant import rtn
+
+CPU_ACT = torch.bfloat16  # activation dtype of the CPU weight-only kernels
+CPU_INT4_BLOCK_N = 64  # output rows per block of the CPU int4 layout
+
+
+class QuantWeight(nn.Module):
+    """Base: out_features N, in_features K; forward(x [..., K]) -> [..., N] in x.dtype."""
+
+    out_features: int
+    in_features: int
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight the kernel multiplies by, float32 [N, K] (the tests' reference)."""
+        raise NotImplementedError
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = self._mm(x.reshape(-1, shape[-1]))
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers())
+
+
+def _is_cuda(device: torch.device | str) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+class Int4Weight(QuantWeight):
+    """4-bit codes with an affine map per group of G inputs: w = (q - 8) * scale + zero."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, device: torch.device | str,
+                 triton: bool | None = None):
+        super().__init__()
+        n, k = codes.shape
+        self.out_features, self.in_features = n, k
+        self.group = k // scale.shape[1]
+        self.cuda_layout = _is_cuda(device) if triton is None else triton
+        if self.cuda_layout:
+            from kernels.quant.triton_mm import pack_int4_rows
+
+            self.register_buffer("packed", pack_int4_rows(codes).to(device))  # [N, K / 2]
+            self.register_buffer("scale", scale.float().contiguous().to(device))  # [N, K / G]
+            self.register_buffer("zero", zero.float().contiguous().to(device))
+        else:
+            if self.group not in (32, 64, 128, 256) or k % 2:
+                raise ValueError(f"CPU int4 kernel needs group 32/64/128/256 and even K, got G={self.group} K={k}")
+            packed = torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
+            self.register_buffer("packed", packed)  # [N, K / 2] uint8, blocked layout
+            sz = torch.stack([scale.float().t(), zero.float().t()], dim=-1)  # [K / G, N, 2]
+            self.register_buffer("scale_zero", sz.to(CPU_ACT).contiguous())
+
+    def codes(self) -> torch.Tensor:
+        """Unpack the kernel layout back to uint8 codes [N, K] (exact)."""
+        if self.cuda_layout:
+            from kernels.quant.triton_mm import unpack_int4_rows
+
+            return unpack_int4_rows(self.packed)
+        return unpack_cpu_int4(self.packed, self.out_features, self.in_features)
+
+    def scale_zero_f32(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.cuda_layout:
+            return self.scale, self.zero
+        return self.scale_zero[..., 0].float().t(), self.scale_zero[..., 1].float().t()
+
+    def dequantize(self) -> torch.Tensor:
+        scale, zero = self.scale_zero_f32()
+        return rtn.dequantize_int4(self.codes().cpu(), scale.cpu(), zero.cpu())
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cuda_layout:
+            from kernels.quant.triton_mm import INT4, dequant_mm
+
+            return dequant_mm(x.contiguous(), self.packed, self.scale, self.zero, INT4, self.out_features)
+        y = torch._weight_int4pack_mm_for_cpu(x.to(CPU_ACT), self.packed, self.group, self.scale_zero)
+        return y.to(x.dtype)
+
+
+class Int8Weight(QuantWeight):
+    """int8 codes times group scales: w = q * scale. On CPU only per-channel scales (G = K) are supported."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, device: torch.device | str,
+                 triton: bool | None = None):
+        super().__init__()
+        n, k = codes.shape
+        self.out_features, self.in_features = n, k
+        self.group = k // scale.shape[1]
+        self.cuda_layout = _is_cuda(device) if triton is None else triton
+        if not self.cuda_layout and self.group != k:
+            raise ValueError(f"CPU int8 kernel takes one scale per output channel, got groups of {self.group}")
+        self.register_buffer("codes", codes.to(torch.int8).contiguous().to(device))  # [N, K]
+        dtype = torch.float32 if self.cuda_layout else CPU_ACT
+        self.register_buffer("scale", scale.to(dtype).contiguous().to(device))  # [N, K / G]
+
+    def dequantize(self) -> torch.Tensor:
+        return rtn.dequantize_scaled(self.codes.cpu(), self.scale.float().cpu())
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cuda_layout:
+            from kernels.quant.triton_mm import INT8, dequant_mm
+
+            return dequant_mm(x.contiguous(), self.codes, self.scale, None, INT8, self.out_features)
+        return torch._weight_int8pack_mm(x.to(CPU_ACT), self.codes, self.scale[:, 0]).to(x.dtype)
+
+
+class Fp8Weight(QuantWeight):
+    """float8_e4m3fn codes times group scales (per channel: G = K). CUDA only (Triton; the tests run it on CPU
+    under TRITON_INTERPRET=1)."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, device: torch.device | str):
+        super().__init__()
+        if not _is_cuda(device) and not _interpreted():
+            raise ValueError("fp8 weights run on CUDA only (Triton dequant-matmul); use int8 or int4 on CPU")
+        n, k = codes.shape
+        self.out_features, self.in_features = n, k
+        self.register_buffer("bits", codes.to(torch.float8_e4m3fn).view(torch.uint8).contiguous().to(device))
+        self.register_buffer("scale", scale.float().contiguous().to(device))
+
+    def dequantize(self) -> torch.Tensor:
+        return rtn.dequantize_scaled(self.bits.cpu().view(torch.float8_e4m3fn), self.scale.cpu())
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        from kernels.quant.triton_mm import FP8, dequant_mm
+
+        return dequant_mm(x.contiguous(), self.bits, self.scale, None, FP8, self.out_features)
+
+
+def _interpreted() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def unpack_cpu_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """Inverse of torch._convert_weight_to_int4pack_for_cpu for N % 64 == 0: [N, K / 2] -> codes [N, K]."""
+    if n % CPU_INT4_BLOCK_N:
+        raise ValueError(f"CPU int4 unpack needs N % {CPU_INT4_BLOCK_N} == 0, got {n}")
+    b = packed.reshape(n // CPU_INT4_BLOCK_N, k, CPU_INT4_BLOCK_N // 2)  # [blocks, K, 32]
+    both = torch.stack([b & 0xF, b >> 4], dim=1)  # [blocks, 2, K, 32]: rows i and i + 32 of the block
+    return both.permute(0, 1, 3, 2).reshape(n, k)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor | QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w^T (+ bias) for a dense weight [N, K] or any QuantWeight."""
+    if isinstance(w, torch.Tensor):
+        return F.linear(x, w, bias)
+    y = w(x)
+    return y if bias is None else y + bias
+
+
+def weight_nbytes(w: torch.Tensor | nn.Module) -> int:
+    if isinstance(w, torch.Tensor):
+        return w.numel() * w.element_size()
+    return sum(b.numel() * b.element_size() for b in w.buffers())

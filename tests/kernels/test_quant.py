@@ -1,0 +1,198 @@
+"""kernels.quant: GGUF blocks exact both ways, the quantized linears vs their dequantized reference.
+
+Tolerances. GGUF unpack/pack and dequantize: exact (bytes and float32 bits). The CPU int4/int8 kernels take
+bfloat16 activations and return bfloat16: the reference is x rounded to bf16 times the dequantized weight in
+float32, and the error allowed is 2^-7 of the output's max (bf16 output rounding plus accumulation order).
+The Triton kernel with float32 x dots in IEEE float32: 1e-5 relative to the output's max.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from kernels.quant import QuantEmbedding, from_gguf, gguf_blocks, linear, quantize, rtn
+from kernels.quant.weights import Fp8Weight, Int4Weight, Int8Weight
+
+GGUF_TYPES = {k: getattr(gguf.GGMLQuantizationType, k) for k in gguf_blocks.KINDS}
+
+
+def _random_blocks(kind: str, n: int, k: int, seed: int) -> np.ndarray:
+    """Random raw block bytes [n, row_bytes] with finite, moderate f16 scales."""
+    rng = np.random.default_rng(seed)
+    nb = k // gguf_blocks.BLOCK_WEIGHTS[kind]
+    raw = rng.integers(0, 256, size=(n, nb, gguf_blocks.BLOCK_BYTES[kind]), dtype=np.uint8)
+    n_f16 = {"Q4_0": 1, "Q4_1": 2, "Q8_0": 1, "Q4_K": 2}[kind]
+    scales = (rng.standard_normal((n, nb, n_f16)) * 0.02).astype(np.float16)
+    raw[..., : 2 * n_f16] = scales.view(np.uint8).reshape(n, nb, 2 * n_f16)
+    return raw.reshape(n, -1)
+
+
+@pytest.mark.parametrize("kind", gguf_blocks.KINDS)
+@pytest.mark.parametrize("n,k", [(3, 256), (64, 512)])
+def test_gguf_blocks_unpack_pack_exact(kind: str, n: int, k: int) -> None:
+    raw = _random_blocks(kind, n, k, seed=n + k)
+    blocks = gguf_blocks.unpack(raw, kind)
+    assert blocks.codes.shape == (n, k)
+    assert np.array_equal(gguf_blocks.pack(blocks), raw)
+    ref = gguf.quants.dequantize(raw, GGUF_TYPES[kind]).reshape(n, k)
+    assert np.array_equal(gguf_blocks.dequantize(blocks).view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q4_K"])
+def test_gguf_group_affine_matches_file_values(kind: str) -> None:
+    raw = _random_blocks(kind, 8, 512, seed=1)
+    blocks = gguf_blocks.unpack(raw, kind)
+    codes, scale, zero = gguf_blocks.group_affine(blocks)
+    ref = torch.from_numpy(gguf_blocks.dequantize(blocks))
+    # Q4_1 / Q4_K's zero = m + 8 d carries one float32 rounding: a few ulps of the largest value
+    torch.testing.assert_close(rtn.dequantize_int4(codes, scale, zero), ref, rtol=0, atol=1e-6 * ref.abs().max())
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q4_K"])
+@pytest.mark.parametrize("triton", [False, True])
+def test_int4_weight_repacks_gguf_codes_exactly(kind: str, triton: bool) -> None:
+    blocks = gguf_blocks.unpack(_random_blocks(kind, 128, 256, seed=2), kind)
+    w = Int4Weight(*gguf_blocks.group_affine(blocks), "cpu", triton=triton)
+    assert torch.equal(w.codes(), torch.from_numpy(blocks.codes))
+    back = gguf_blocks.Blocks(kind, w.codes().numpy(), blocks.params)
+    assert np.array_equal(gguf_blocks.pack(back), gguf_blocks.pack(blocks))
+
+
+def test_smollm_gguf_tensors_round_trip(smollm_path: str) -> None:
+    """The shipped file: the first Q4_1 tensor and the Q8_0 embedding, bytes and values exact, and the CPU
+    kernel's layout unpacks to the same codes."""
+    reader = gguf.GGUFReader(smollm_path)
+    seen = set()
+    for t in reader.tensors:
+        kind = t.tensor_type.name
+        if kind not in gguf_blocks.KINDS or kind in seen:
+            continue
+        seen.add(kind)
+        raw = t.data[:2048]  # the first 2048 rows of each (the whole embedding costs seconds)
+        blocks = gguf_blocks.unpack(raw, kind)
+        assert np.array_equal(gguf_blocks.pack(blocks), raw)
+        ref = gguf.quants.dequantize(raw, t.tensor_type).reshape(blocks.codes.shape)
+        assert np.array_equal(gguf_blocks.dequantize(blocks), ref)
+        if kind == "Q8_0":
+            emb = QuantEmbedding(blocks, torch.float32, "cpu")
+            ids = torch.tensor([0, 5, 2047, 5])
+            assert torch.equal(emb(ids), torch.from_numpy(ref)[ids])
+        else:
+            assert torch.equal(from_gguf(blocks, "cpu").codes(), torch.from_numpy(blocks.codes))
+    assert seen == {"Q4_1", "Q8_0"}
+
+
+def _bf16_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16).float() @ w.t()
+
+
+def _assert_bf16_close(y: torch.Tensor, ref: torch.Tensor) -> None:
+    err = (y.float() - ref).abs().max().item()
+    assert err <= 2**-7 * ref.abs().max().item() + 1e-6, err
+
+
+SHAPES = [(1, 64, 128), (3, 192, 256), (32, 128, 512), (17, 576, 128)]  # (M, N, K)
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+@pytest.mark.parametrize("group", [32, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_int4_linear_matches_reference(m: int, n: int, k: int, group: int, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(m + n + k)
+    w = torch.randn(n, k, generator=g) * 0.05
+    qw = quantize(w, "int4", group, "cpu")
+    x = torch.randn(2, m, k, generator=g).to(dtype)  # a leading batch dim: linear flattens it
+    y = linear(x, qw)
+    assert y.shape == (2, m, n) and y.dtype == dtype
+    _assert_bf16_close(y.reshape(-1, n), _bf16_ref(x.reshape(-1, k), qw.dequantize()))
+    assert torch.equal(qw.codes(), rtn.quantize_int4(w, group)[0])
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_cpu_int8_linear_matches_reference(m: int, n: int, k: int) -> None:
+    g = torch.Generator().manual_seed(m * n)
+    w = torch.randn(n, k, generator=g) * 0.05
+    qw = quantize(w, "int8", 0, "cpu")
+    x = torch.randn(m, k, generator=g)
+    bias = torch.randn(n, generator=g)
+    _assert_bf16_close(linear(x, qw, bias), _bf16_ref(x, qw.dequantize()) + bias)
+
+
+def test_rtn_error_within_half_a_step() -> None:
+    w = torch.randn(16, 256, generator=torch.Generator().manual_seed(0))
+    codes, scale, zero = rtn.quantize_int4(w, 32)
+    err = (rtn.dequantize_int4(codes, scale, zero) - w).abs().reshape(16, 8, 32)
+    assert (err <= scale[..., None] / 2 + 1e-6).all()
+    codes8, scale8 = rtn.quantize_int8(w)
+    err8 = (rtn.dequantize_scaled(codes8, scale8) - w).abs()
+    assert (err8 <= scale8 / 2 + 1e-6).all()
+
+
+@pytest.mark.parametrize("m,n,k,group", [(1, 64, 64, 32), (5, 96, 128, 64), (33, 80, 96, 32)])
+@pytest.mark.parametrize("kind", ["int4", "int8", "fp8"])
+def test_triton_dequant_mm_matches_reference(m: int, n: int, k: int, group: int, kind: str) -> None:
+    """The Triton kernel (interpreter on CPU; compiled on CUDA) in float32, odd M/N tails included."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev == "cpu":
+        pytest.importorskip("triton")
+        import os
+
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("needs TRITON_INTERPRET=1 (set by tests/kernels/conftest.py before the first import)")
+    g = torch.Generator().manual_seed(m + n + k)
+    w = torch.randn(n, k, generator=g) * 0.05
+    if kind == "int4":
+        qw = Int4Weight(*rtn.quantize_int4(w, group), dev, triton=True)
+    elif kind == "int8":
+        qw = Int8Weight(*rtn.quantize_int8(w, group), dev, triton=True)
+    else:
+        qw = Fp8Weight(*rtn.quantize_fp8(w, group), dev)
+    x = torch.randn(m, k, generator=g).to(dev)
+    ref = x.cpu() @ qw.dequantize().t()
+    torch.testing.assert_close(qw(x).cpu(), ref, rtol=0, atol=1e-5 * ref.abs().max().item())
+
+
+def test_quantized_linear_compiles_fullgraph() -> None:
+    """The CPU weight-only ops trace under torch.compile (the engine's compiled forward) and match eager."""
+    w = torch.randn(128, 256, generator=torch.Generator().manual_seed(3)) * 0.05
+    w4, w8 = quantize(w, "int4", 32, "cpu"), quantize(w, "int8", 0, "cpu")
+    x = torch.randn(4, 256)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return linear(torch.relu(linear(x, w4)).repeat(1, 2), w8)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")  # traceability; inductor keeps aten externs
+    torch.testing.assert_close(compiled(x), f(x), rtol=2e-2, atol=2e-2)
+
+
+def test_unsupported_kinds_fail_loud() -> None:
+    with pytest.raises(ValueError, match="Q5_K cannot be kept quantized"):
+        gguf_blocks.unpack(np.zeros((1, 176), np.uint8), "Q5_K")
+    with pytest.raises(ValueError, match="fp8 weights run on CUDA only"):
+        Fp8Weight(torch.zeros(4, 32), torch.ones(4, 1), "cpu") if not _interp() else (_ for _ in ()).throw(
+            ValueError("fp8 weights run on CUDA only"))
+    with pytest.raises(ValueError, match="per output channel"):
+        Int8Weight(torch.zeros(4, 64, dtype=torch.int8), torch.ones(4, 2), "cpu")
+
+
+def _interp() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 8, 64])
+@pytest.mark.parametrize("kind", ["int4", "int8", "fp8"])
+def test_gpu_dequant_mm_bf16_model_shapes(m: int, kind: str) -> None:
+    n, k = 1536, 576
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(m)) * 0.05
+    qw = quantize(w, kind, 32, "cuda") if kind == "int4" else quantize(w, kind, 0, "cuda")
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    ref = x.float().cpu() @ qw.dequantize().to(torch.bfloat16).float().t()
+    _assert_bf16_close(qw(x).float().cpu(), ref)
