@@ -27,7 +27,8 @@ class ModelConfig:
     context_length: int | None = None
     """Override the model's maximum context length."""
     attention_backend: str = "auto"
-    """Attention kernels: auto, torch, triton or flashinfer."""
+    """Attention kernels: auto, cpu, torch, triton or flashinfer (auto: flashinfer/triton on CUDA; on CPU the
+    native cpu kernels, compiled on first use, falling back to torch with a warning when they cannot be built)."""
     random_seed: int = 0
     """Seed for sampling of requests that give none."""
     num_threads: int | None = None
@@ -170,11 +171,9 @@ def resolve(cfg: Config) -> Config:
         model = dataclasses.replace(model, device="cuda" if torch.cuda.is_available() else "cpu")
     if model.dtype == "auto":
         model = dataclasses.replace(model, dtype="bfloat16" if model.device == "cuda" else "float32")
-    if model.attention_backend == "auto":
-        backend = "torch"
-        if model.device == "cuda":
-            import importlib.util
+    if model.attention_backend == "auto" and model.device == "cuda":  # CPU auto: kernels.create_attn_backend
+        import importlib.util
 
-            backend = "flashinfer" if importlib.util.find_spec("flashinfer") else "triton"
+        backend = "flashinfer" if importlib.util.find_spec("flashinfer") else "triton"
         model = dataclasses.replace(model, attention_backend=backend)
     return dataclasses.replace(cfg, model=model, scheduler=sched)

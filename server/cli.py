@@ -22,7 +22,7 @@ from runtime.config import SECTIONS, Config, make_config
 CHOICES = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "device": ("auto", "cpu", "cuda"),
-    "attention_backend": ("auto", "torch", "triton", "flashinfer"),
+    "attention_backend": ("auto", "cpu", "torch", "triton", "flashinfer"),
     "schedule_policy": ("auto", "lpm", "fcfs", "dfs-weight"),
     "grammar_backend": ("outlines", "none"),
     "log_level": ("debug", "info", "warning", "error", "critical"),

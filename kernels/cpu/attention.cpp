@@ -1,0 +1,709 @@
+// Native CPU attention over radixgen's paged KV pool (one translation unit, built by kernels/cpu/build.py).
+//
+// Pool: k_cache, v_cache [L, S, Hkv, D] contiguous; slot s of layer l holds K[l, s, h, :] for every KV head h.
+// Request row r's i-th token lives in slot req_to_token[r, i] (int32). Nothing is gathered into a padded copy:
+// the kernels walk req_to_token and read each key/value row in place, one block of BLK keys at a time.
+//
+// Ops (registered under radixgen::, schemas at the bottom; kernels/cpu_ops.py documents them for Python):
+//   decode  : B requests x 1 new token. Work items are (KV head, key chunk) for the shared prefix (all B*G query
+//             rows of that KV head against one chunk: the prefix is read once per layer) and (request, KV head,
+//             key chunk) for each request's own keys (split-KV). Each item leaves a partial (o, lse) per query row;
+//             a merge pass combines them by log-sum-exp. Items are pulled dynamically by every thread.
+//   extend  : ragged new tokens (E_b per request after P_b cached ones), flash-style online softmax per
+//             (request, KV head, block of QB queries); query i of request b sees keys [0, P_b + i].
+// Numerics: inputs float32 or bfloat16, scores/softmax/accumulators float32, outputs in the input dtype.
+// GQA: the G = Hq / Hkv query heads of a KV head are rows of the same item, so each K/V row is read once for them.
+// The inner loops are plain C++ written for the compiler's vectorizer (-O3 -march=native: AVX-512 here, AVX2 on
+// older CPUs); no intrinsics, so one source builds on every x86-64 and aarch64 machine.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/native/CPUBlas.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int BLK = 32;     // keys per block (scores of one block stay in L1)
+constexpr int QB = 64;      // queries per extend item
+constexpr int SMALL_M = 8;  // up to this many query rows, scores are dot products; above, a transposed K block
+constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN stays NaN
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+inline void to_f32(const float* src, float* dst, int n) { std::memcpy(dst, src, sizeof(float) * n); }
+inline void to_f32(const uint16_t* src, float* dst, int n) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+}
+inline void from_f32(const float* src, float* dst, int n) { std::memcpy(dst, src, sizeof(float) * n); }
+inline void from_f32(const float* src, uint16_t* dst, int n) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+}
+
+// exp(x) for x <= 0 (scores minus their running max), 0 below -87 (and for -inf). Cephes-style polynomial,
+// relative error ~2e-7; branch-free so the loops calling it vectorize.
+inline float exp_neg(float x) {
+  float xc = std::max(x, -87.0f);
+  float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+  float r = xc - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t e = int32_t(n) + 127;
+  uint32_t bits = uint32_t(e) << 23;
+  float s;
+  std::memcpy(&s, &bits, 4);
+  return x < -87.0f ? 0.0f : p * s;
+}
+
+// dot(a, b) over n floats. AVX-512 where the build machine has it (one horizontal sum per dot), else the
+// vectorizer's choice.
+inline float dot(const float* a, const float* b, int n) {
+#if defined(__AVX512F__)
+  if (n % 16 == 0) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int x = 0; x < n; x += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + x), _mm512_loadu_ps(b + x), acc);
+    return _mm512_reduce_add_ps(acc);
+  }
+#endif
+  float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+  for (int x = 0; x < n; ++x) acc += a[x] * b[x];
+  return acc;
+}
+
+#if defined(__AVX512F__)
+inline __m512 exp_neg16(__m512 x) {  // exp_neg on 16 lanes, same polynomial
+  const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f),
+                                                        _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  const __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ), y);
+}
+#endif
+
+#if defined(__AVX512F__)
+// Horizontal sums of 16 vectors at once: lane i of the result is the sum of v[i]'s 16 lanes.
+inline __m512 reduce16(const __m512* v) {
+  __m512 t[8], w[4];
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3]
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: that lane's sums of v[4i..4i+3]
+    const __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+    w[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  constexpr int EVEN = _MM_SHUFFLE(2, 0, 2, 0), ODD = _MM_SHUFFLE(3, 1, 3, 1);
+  const __m512 x0 = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], EVEN), _mm512_shuffle_f32x4(w[0], w[1], ODD));
+  const __m512 x1 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], EVEN), _mm512_shuffle_f32x4(w[2], w[3], ODD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, EVEN), _mm512_shuffle_f32x4(x0, x1, ODD));
+}
+
+// One query row (q32: float32, unscaled; qb: the same row as raw bf16 when R is bf16) against up to 16 keys
+// read straight from the pool: out[j] = scale * dot(q, K[slot[j]]), j < n. D % 32 == 0.
+inline void scores16(const float* q32, const uint16_t* qb, const uint16_t* const* krow, int n, int d, float scale,
+                     float* out) {
+  __m512 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+#if defined(__AVX512BF16__)
+  (void)q32;
+  for (int j = 0; j < n; ++j)
+    for (int x = 0; x < d; x += 32)
+      acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)_mm512_loadu_si512(qb + x), (__m512bh)_mm512_loadu_si512(krow[j] + x));
+#else
+  (void)qb;
+  for (int j = 0; j < n; ++j)
+    for (int x = 0; x < d; x += 16) {
+      const __m512 k = _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(krow[j] + x))), 16));
+      acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(q32 + x), k, acc[j]);
+    }
+#endif
+  const __m512 r = _mm512_mul_ps(reduce16(acc), _mm512_set1_ps(scale));
+  _mm512_mask_storeu_ps(out, n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1), r);
+}
+
+inline void scores16(const float* q32, const float*, const float* const* krow, int n, int d, float scale,
+                     float* out) {
+  __m512 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+  for (int j = 0; j < n; ++j)
+    for (int x = 0; x < d; x += 16)
+      acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(q32 + x), _mm512_loadu_ps(krow[j] + x), acc[j]);
+  const __m512 r = _mm512_mul_ps(reduce16(acc), _mm512_set1_ps(scale));
+  _mm512_mask_storeu_ps(out, n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1), r);
+}
+#endif
+
+// Softmax step of one row over its n visible scores s[0, n): returns the new max, turns s into
+// exp(s - new max) and adds their sum to *sum.
+inline float softmax_block(float* s, int n, float old_max, float* sum) {
+#if defined(__AVX512F__)
+  __m512 mv = _mm512_set1_ps(old_max);
+  for (int j = 0; j < n; j += 16) {
+    const __mmask16 k = j + 16 <= n ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1);
+    mv = _mm512_mask_max_ps(mv, k, mv, _mm512_maskz_loadu_ps(k, s + j));
+  }
+  const float mx = _mm512_reduce_max_ps(mv);
+  const __m512 mxv = _mm512_set1_ps(mx);
+  __m512 acc = _mm512_setzero_ps();
+  for (int j = 0; j < n; j += 16) {
+    const __mmask16 k = j + 16 <= n ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1);
+    const __m512 p = _mm512_maskz_mov_ps(k, exp_neg16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mxv)));
+    _mm512_mask_storeu_ps(s + j, k, p);
+    acc = _mm512_add_ps(acc, p);
+  }
+  *sum += _mm512_reduce_add_ps(acc);
+  return mx;
+#else
+  float mx = old_max;
+  for (int j = 0; j < n; ++j) mx = std::max(mx, s[j]);
+  float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+  for (int j = 0; j < n; ++j) {
+    const float p = exp_neg(s[j] - mx);
+    s[j] = p;
+    acc += p;
+  }
+  *sum += acc;
+  return mx;
+#endif
+}
+
+// Per-thread scratch, sized for the largest item of a call (hd = Hkv * D: one slot's row of all KV heads).
+struct Scratch {
+  std::vector<float> q, o, s, m, l, kbuf, vbuf;
+  std::vector<int> lim;
+  std::vector<uint16_t> qb;  // q rows as raw bf16 (unscaled), for the bf16 dot-product path
+  Scratch(int max_m, int d, int hd)
+      : q(size_t(max_m) * d), o(size_t(max_m) * d), s(size_t(max_m) * BLK), m(max_m), l(max_m),
+        kbuf(size_t(BLK) * hd), vbuf(size_t(BLK) * hd), lim(max_m), qb(size_t(max_m) * d) {}
+};
+
+// Query row m of an item: sc.q[m] = scale * q (float32) and sc.qb[m] = q's raw bf16 bits (bf16 inputs only).
+inline void load_q(Scratch& sc, int m, const float* src, int d, float scale) {
+  float* dst = sc.q.data() + size_t(m) * d;
+  for (int x = 0; x < d; ++x) dst[x] = src[x] * scale;
+}
+inline void load_q(Scratch& sc, int m, const uint16_t* src, int d, float scale) {
+  float* dst = sc.q.data() + size_t(m) * d;
+  to_f32(src, dst, d);
+  for (int x = 0; x < d; ++x) dst[x] *= scale;
+  std::memcpy(sc.qb.data() + size_t(m) * d, src, sizeof(uint16_t) * d);
+}
+
+// Runs f(item, scratch) for item in [0, n), items pulled from a shared counter by every intra-op thread.
+template <class F>
+void run_items(int64_t n, int max_m, int d, int hd, const F& f) {
+  if (n <= 0) return;
+  const int64_t nt = std::min<int64_t>(at::get_num_threads(), n);
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, nt, 1, [&](int64_t b, int64_t e) {
+    Scratch sc(max_m, d, hd);
+    for (int64_t t = b; t < e; ++t) {
+      for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) f(i, sc);
+    }
+  });
+}
+
+// Online softmax attention of M = H * Mh query rows (sc.q [M, D] float32, already scaled) against n keys read
+// in place: rows [h*Mh, (h+1)*Mh) use KV head h. Key j in [0, n) lives in slot slot[j]; a slot's row holds all
+// H KV heads contiguously (H*D elements), so each key is one contiguous read for every head and query row.
+// Row m sees keys j < lim[m] when lim is given (causal). State per row: running max sc.m, sum sc.l,
+// unnormalized output sc.o [M, D]. Call init() first.
+template <typename R, int DT>
+struct Rows {
+  int H, Mh, M, D, HD;
+  float scale;  // sc.q is already scaled; paths that read raw q (sc.qb) scale their scores
+  Scratch& sc;
+  Rows(int H_, int Mh_, int D_, float scale_, Scratch& sc_)
+      : H(H_), Mh(Mh_), M(H_ * Mh_), D(DT ? DT : D_), HD(H_ * (DT ? DT : D_)), scale(scale_), sc(sc_) {}
+
+  // Scale for scores computed from raw q: bf16 with dot-product instructions reads sc.qb (unscaled).
+  float raw_q_scale() const {
+#if defined(__AVX512BF16__)
+    return scale;
+#else
+    return 1.0f;
+#endif
+  }
+
+  void init() {
+    std::fill_n(sc.m.data(), M, NEG_INF);
+    std::fill_n(sc.l.data(), M, 0.0f);
+    std::fill_n(sc.o.data(), size_t(M) * D, 0.0f);
+  }
+
+  // kbase/vbase point at slot 0 of the layer; row_stride = elements between slots (Hkv * D).
+  void attend(const int32_t* slot, int n, const R* kbase, const R* vbase, int64_t row_stride, const int* lim) {
+    prefetch(slot, std::min(BLK, n), kbase, vbase, row_stride);
+    for (int j0 = 0; j0 < n; j0 += BLK) {
+      const int nb = std::min(BLK, n - j0);
+      if (j0 + BLK < n) prefetch(slot + j0 + BLK, std::min(BLK, n - j0 - BLK), kbase, vbase, row_stride);
+      block(slot + j0, nb, j0, kbase, vbase, row_stride, lim);
+    }
+  }
+
+  // Slots are scattered (pages of any size, in any order), so the hardware prefetcher cannot follow them:
+  // request the next block's K and V rows while this block computes.
+  void prefetch(const int32_t* slot, int nb, const R* kbase, const R* vbase, int64_t rs) {
+    const int bytes = HD * int(sizeof(R));
+    for (int j = 0; j < nb; ++j) {
+      const char* k = reinterpret_cast<const char*>(kbase + int64_t(slot[j]) * rs);
+      const char* v = reinterpret_cast<const char*>(vbase + int64_t(slot[j]) * rs);
+      for (int x = 0; x < bytes; x += 64) {
+        __builtin_prefetch(k + x);
+        __builtin_prefetch(v + x);
+      }
+    }
+  }
+
+  void block(const int32_t* slot, int nb, int j0, const R* kbase, const R* vbase, int64_t rs, const int* lim) {
+    const int d = D, hd = HD;
+    float* kb = sc.kbuf.data();
+    float* s = sc.s.data();
+#if defined(__AVX512F__)
+    if (Mh <= SMALL_M && d % 32 == 0) {  // K read in place, 16 keys per horizontal-sum pass
+      const R* krow[BLK];
+      for (int h = 0; h < H; ++h) {
+        for (int j = 0; j < nb; ++j) krow[j] = kbase + int64_t(slot[j]) * rs + h * d;
+        for (int mm = 0; mm < Mh; ++mm) {
+          const int m = h * Mh + mm;
+          const float* q32 = sc.q.data() + size_t(m) * d;
+          const uint16_t* qb = sc.qb.data() + size_t(m) * d;
+          for (int j = 0; j < nb; j += 16)
+            scores16(q32, reinterpret_cast<const R*>(qb), krow + j, std::min(16, nb - j), d,
+                     std::is_same_v<R, float> ? 1.0f : raw_q_scale(), s + m * BLK + j);
+        }
+      }
+    } else
+#endif
+    if (Mh <= SMALL_M) {  // kb [BLK, H*D]: dot products
+      for (int j = 0; j < nb; ++j) to_f32(kbase + int64_t(slot[j]) * rs, kb + j * hd, hd);
+      for (int m = 0; m < M; ++m) {
+        const float* qm = sc.q.data() + size_t(m) * d;
+        const float* kh = kb + (m / Mh) * d;
+        for (int j = 0; j < nb; ++j) s[m * BLK + j] = dot(qm, kh + j * hd, d);
+      }
+    } else {  // kb [H*D, BLK]: a row's BLK scores accumulate in registers over d
+      float tmp[512];
+      for (int j = 0; j < nb; ++j) {
+        const R* kr = kbase + int64_t(slot[j]) * rs;
+        for (int x0 = 0; x0 < hd; x0 += 512) {
+          const int w = std::min(512, hd - x0);
+          to_f32(kr + x0, tmp, w);
+          for (int x = 0; x < w; ++x) kb[(x0 + x) * BLK + j] = tmp[x];
+        }
+      }
+      for (int j = nb; j < BLK; ++j)
+        for (int x = 0; x < hd; ++x) kb[x * BLK + j] = 0.0f;
+      for (int m = 0; m < M; ++m) {
+        const float* qm = sc.q.data() + size_t(m) * d;
+        const float* kh = kb + size_t(m / Mh) * d * BLK;
+        float acc[BLK] = {};
+        for (int x = 0; x < d; ++x) {
+          const float qx = qm[x];
+          const float* kx = kh + x * BLK;
+#pragma omp simd
+          for (int j = 0; j < BLK; ++j) acc[j] += qx * kx[j];
+        }
+        std::memcpy(s + m * BLK, acc, sizeof(acc));
+      }
+    }
+    bool v_loaded = false;
+    float* vb = sc.vbuf.data();
+    for (int m = 0; m < M; ++m) {
+      const int vis = lim ? std::min(nb, lim[m] - j0) : nb;  // keys of this block row m may see
+      if (vis <= 0) continue;
+      float* sm = s + m * BLK;
+      float sum = 0.0f;
+      const float mx = softmax_block(sm, vis, sc.m[m], &sum);
+      const float alpha = exp_neg(sc.m[m] - mx);  // 0 when the row had no keys yet (m = -inf)
+      sc.m[m] = mx;
+      sc.l[m] = sc.l[m] * alpha + sum;
+      if (!v_loaded) {
+        for (int j = 0; j < nb; ++j) to_f32(vbase + int64_t(slot[j]) * rs, vb + j * hd, hd);
+        v_loaded = true;
+      }
+      float* om = sc.o.data() + size_t(m) * d;
+      const float* vh = vb + (m / Mh) * d;
+      if (DT) {
+        float acc[DT ? DT : 1];
+        for (int x = 0; x < DT; ++x) acc[x] = om[x] * alpha;
+        for (int j = 0; j < vis; ++j) {
+          const float p = sm[j];
+          const float* vj = vh + j * hd;
+#pragma omp simd
+          for (int x = 0; x < DT; ++x) acc[x] += p * vj[x];
+        }
+        std::memcpy(om, acc, sizeof(float) * DT);
+      } else {
+        for (int x = 0; x < d; ++x) om[x] *= alpha;
+        for (int j = 0; j < vis; ++j) {
+          const float p = sm[j];
+          const float* vj = vh + j * hd;
+#pragma omp simd
+          for (int x = 0; x < d; ++x) om[x] += p * vj[x];
+        }
+      }
+    }
+  }
+};
+
+#include "extend_amx.h"
+
+void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
+              int64_t layer, const at::Tensor& loc) {
+  const int64_t t = loc.size(0);
+  if (t == 0) return;
+  const int64_t row = k_cache.size(2) * k_cache.size(3);
+  const int64_t esz = k_cache.element_size();
+  auto kk = k.to(k_cache.scalar_type()).contiguous();
+  auto vv = v.to(v_cache.scalar_type()).contiguous();
+  const int64_t* lp = loc.data_ptr<int64_t>();
+  char* kc = static_cast<char*>(k_cache.data_ptr()) + layer * k_cache.stride(0) * esz;
+  char* vc = static_cast<char*>(v_cache.data_ptr()) + layer * v_cache.stride(0) * esz;
+  const char* ks = static_cast<const char*>(kk.data_ptr());
+  const char* vs = static_cast<const char*>(vv.data_ptr());
+  for (int64_t i = 0; i < t; ++i) {
+    std::memcpy(kc + lp[i] * row * esz, ks + i * row * esz, row * esz);
+    std::memcpy(vc + lp[i] * row * esz, vs + i * row * esz, row * esz);
+  }
+}
+
+void check_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                  const at::Tensor& req_to_token, const at::Tensor& rows) {
+  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu(), "radixgen cpu attention: CPU tensors only");
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "bad q/cache ranks");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && v_cache.scalar_type() == k_cache.scalar_type(),
+              "q and the caches must share a dtype, got ", q.scalar_type(), " and ", k_cache.scalar_type());
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16, "float32 or bfloat16 only");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(q.size(2) == k_cache.size(3) && q.size(1) % k_cache.size(2) == 0, "head shapes do not match");
+  TORCH_CHECK(req_to_token.scalar_type() == at::kInt && req_to_token.is_contiguous(), "req_to_token int32");
+  TORCH_CHECK(rows.scalar_type() == at::kLong, "row indices int64");
+}
+
+template <typename R, int DT>
+void decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t layer,
+                 const at::Tensor& r2t, const at::Tensor& rows_t, const at::Tensor& lens_t, int64_t shared_len,
+                 double scale, at::Tensor& out) {
+  const int B = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k_cache.size(2), G = Hq / Hkv;
+  const int64_t rs = int64_t(Hkv) * D, C = r2t.size(1);
+  const R* kl = reinterpret_cast<const R*>(k_cache.data_ptr()) + layer * k_cache.stride(0);
+  const R* vl = reinterpret_cast<const R*>(v_cache.data_ptr()) + layer * v_cache.stride(0);
+  const R* qp = reinterpret_cast<const R*>(q.data_ptr());
+  R* op = reinterpret_cast<R*>(out.data_ptr());
+  const int32_t* tab = r2t.data_ptr<int32_t>();
+  const int64_t* rows = rows_t.data_ptr<int64_t>();
+  const int64_t* lens = lens_t.data_ptr<int64_t>();
+  const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
+  int64_t P = shared_len, total = 0;
+  for (int b = 0; b < B; ++b) {
+    TORCH_CHECK(lens[b] >= 1 && lens[b] <= C, "decode: bad sequence length ", lens[b]);
+    total += lens[b];
+  }
+  TORCH_CHECK(P >= 0 && (B == 0 || P < *std::min_element(lens, lens + B)), "decode: shared prefix too long");
+  if (B < 2) P = 0;
+  total -= int64_t(B - 1) * P;  // keys actually read per KV head
+  // Chunk length: about 8 items per thread, at least one block.
+  const int64_t target = 8LL * at::get_num_threads();
+  int64_t chunk = (total + target - 1) / target;
+  chunk = std::max<int64_t>(BLK, (chunk + BLK - 1) / BLK * BLK);
+  const int64_t n_pre = (P + chunk - 1) / chunk;
+  std::vector<int64_t> n_own(B), item_start(B + 1);
+  int64_t max_parts = 0;
+  item_start[0] = n_pre;
+  for (int b = 0; b < B; ++b) {
+    n_own[b] = (lens[b] - P + chunk - 1) / chunk;
+    max_parts = std::max(max_parts, n_pre + n_own[b]);
+    item_start[b + 1] = item_start[b] + n_own[b];
+  }
+  // Partials: o [B, max_parts, Hq, D], lse [B, max_parts, Hq] (float32); request b's are [0, n_pre + n_own[b]).
+  std::vector<float> part_o(size_t(B) * max_parts * Hq * D), part_lse(size_t(B) * max_parts * Hq);
+  auto part = [&](int b, int64_t p) { return (int64_t(b) * max_parts + p) * Hq; };
+  const float sc = float(scale);
+  auto save = [&](const Scratch& s, int m, int64_t dst_row) {  // row m's normalized output and lse
+    const float inv = 1.0f / s.l[m];
+    float* dst = part_o.data() + dst_row * D;
+    for (int x = 0; x < D; ++x) dst[x] = s.o[size_t(m) * D + x] * inv;
+    part_lse[dst_row] = s.m[m] + std::log(s.l[m]);
+  };
+  const int max_m = std::max(Hq, P > 0 ? B * Hq : 0);
+  run_items(item_start[B], max_m, D, Hkv * D, [&](int64_t it, Scratch& s) {
+    if (it < n_pre) {  // shared prefix chunk c, all B*Hq rows ordered (h, b, g)
+      const int64_t j0 = it * chunk, n = std::min(chunk, P - j0);
+      Rows<R, DT> rw(Hkv, B * G, D, sc, s);
+      for (int h = 0; h < Hkv; ++h)
+        for (int b = 0; b < B; ++b)
+          for (int g = 0; g < G; ++g) load_q(s, (h * B + b) * G + g, qp + b * qs0 + (h * G + g) * qs1, D, sc);
+      rw.init();
+      rw.attend(tab + rows[0] * C + j0, n, kl, vl, rs, nullptr);
+      for (int h = 0; h < Hkv; ++h)
+        for (int b = 0; b < B; ++b)
+          for (int g = 0; g < G; ++g) save(s, (h * B + b) * G + g, part(b, it) + h * G + g);
+      return;
+    }
+    // request b's own keys, chunk c; rows are its Hq query heads in order (h, g)
+    const int b = std::upper_bound(item_start.begin(), item_start.end(), it) - item_start.begin() - 1;
+    const int64_t c = it - item_start[b], j0 = P + c * chunk, n = std::min(chunk, lens[b] - j0);
+    Rows<R, DT> rw(Hkv, G, D, sc, s);
+    for (int hq = 0; hq < Hq; ++hq) load_q(s, hq, qp + b * qs0 + hq * qs1, D, sc);
+    rw.init();
+    rw.attend(tab + rows[b] * C + j0, n, kl, vl, rs, nullptr);
+    for (int hq = 0; hq < Hq; ++hq) save(s, hq, part(b, n_pre + c) + hq);
+  });
+  // Merge: out[b, hq] = sum_p exp(lse_p - lse) * o_p.
+  at::parallel_for(0, int64_t(B) * Hq, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(D);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int b = bh / Hq, hq = bh % Hq;
+      const int64_t np = n_pre + n_own[b];
+      float mx = NEG_INF;
+      for (int64_t p = 0; p < np; ++p) mx = std::max(mx, part_lse[part(b, p) + hq]);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      float wsum = 0.0f;
+      for (int64_t p = 0; p < np; ++p) {
+        const float w = std::exp(part_lse[part(b, p) + hq] - mx);
+        wsum += w;
+        const float* o = part_o.data() + (part(b, p) + hq) * D;
+        for (int x = 0; x < D; ++x) acc[x] += w * o[x];
+      }
+      const float inv = 1.0f / wsum;
+      for (int x = 0; x < D; ++x) acc[x] *= inv;
+      from_f32(acc.data(), op + bh * D, D);
+    }
+  });
+}
+
+template <typename R, int DT>
+void extend_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t layer,
+                 const at::Tensor& r2t, const at::Tensor& rows_t, const at::Tensor& pre_t, const at::Tensor& ext_t,
+                 int64_t shared_len, double scale, at::Tensor& out) {
+  const int Hq = q.size(1), D = q.size(2), Hkv = k_cache.size(2), G = Hq / Hkv;
+  const int B = rows_t.size(0);
+  const int64_t rs = int64_t(Hkv) * D, C = r2t.size(1);
+  const R* kl = reinterpret_cast<const R*>(k_cache.data_ptr()) + layer * k_cache.stride(0);
+  const R* vl = reinterpret_cast<const R*>(v_cache.data_ptr()) + layer * v_cache.stride(0);
+  const R* qp = reinterpret_cast<const R*>(q.data_ptr());
+  R* op = reinterpret_cast<R*>(out.data_ptr());
+  const int32_t* tab = r2t.data_ptr<int32_t>();
+  const int64_t* rows = rows_t.data_ptr<int64_t>();
+  const int64_t* pre = pre_t.data_ptr<int64_t>();
+  const int64_t* ext = ext_t.data_ptr<int64_t>();
+  const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
+  // Items (request b, block of QB queries), all KV heads each, the longest key ranges first for load balance.
+  struct Item { int b; int64_t q0; int64_t keys; };
+  std::vector<Item> items;
+  std::vector<int64_t> start(B + 1, 0);
+  for (int b = 0; b < B; ++b) {
+    TORCH_CHECK(pre[b] >= 0 && ext[b] >= 0 && pre[b] + ext[b] <= C, "extend: bad lengths");
+    start[b + 1] = start[b] + ext[b];
+    for (int64_t q0 = 0; q0 < ext[b]; q0 += QB) items.push_back({b, q0, pre[b] + std::min(q0 + QB, ext[b])});
+  }
+  TORCH_CHECK(start[B] == q.size(0), "extend: sum of extend lengths != number of query tokens");
+  TORCH_CHECK(shared_len >= 0 && (B == 0 || shared_len <= *std::min_element(pre, pre + B)),
+              "extend: shared prefix longer than a cached prefix");
+  if (B < 2) shared_len = 0;
+  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.keys > b.keys; });
+  const float sc = float(scale);
+  if constexpr (std::is_same_v<R, uint16_t>) {
+    if (D % 32 == 0 && D <= 256 && amx::available()) {
+      // Key blocks: the shared prefix [0, P0) once, then each request's own keys [P0, pre + ext).
+      const int64_t nS = (shared_len + amx::NB - 1) / amx::NB;
+      std::vector<int64_t> first(B + 1);  // request b's own blocks: [first[b], first[b + 1])
+      first[0] = nS;
+      for (int b = 0; b < B; ++b) first[b + 1] = first[b] + (pre[b] + ext[b] - shared_len + amx::NB - 1) / amx::NB;
+      const int64_t n_blk = first[B];
+      const size_t be = amx::block_elems(D);
+      thread_local std::vector<uint16_t> pack_buf;  // reused across calls made from this (caller) thread
+      if (pack_buf.size() < size_t(n_blk) * Hkv * be) pack_buf.resize(size_t(n_blk) * Hkv * be);
+      uint16_t* const packed = pack_buf.data();  // [n_blk, Hkv, be]
+      auto key_block = [&](int b, int64_t k, int* j0, int* nb) {  // block k of request b (k < nS: shared)
+        const int64_t start_key = k < nS ? k * amx::NB : shared_len + (k - first[b]) * amx::NB;
+        const int64_t end_key = k < nS ? shared_len : pre[b] + ext[b];
+        *j0 = int(start_key);
+        *nb = int(std::min<int64_t>(amx::NB, end_key - start_key));
+      };
+      std::vector<int> owner(n_blk, 0);  // request whose slots a block reads (shared: request 0)
+      for (int b = 0; b < B; ++b)
+        for (int64_t k = first[b]; k < first[b + 1]; ++k) owner[k] = b;
+      run_items(n_blk * Hkv, 1, D, D, [&](int64_t u, Scratch&) {
+        const int64_t k = u / Hkv;
+        const int h = u % Hkv, b = owner[k];
+        int j0, nb;
+        key_block(b, k, &j0, &nb);
+        amx::pack_block(kl + h * D, vl + h * D, rs, tab + rows[b] * C + j0, nb, D,
+                        packed + (size_t(k) * Hkv + h) * be);
+      });
+      run_items(items.size(), 1, D, D, [&](int64_t i, Scratch&) {
+        thread_local amx::Buffers buf;
+        const Item it = items[i];
+        const int nq = std::min<int64_t>(QB, ext[it.b] - it.q0), M = nq * G;
+        std::vector<const uint16_t*> qr(M);
+        std::vector<uint16_t*> orow(M);
+        std::vector<int> lim(M);
+        std::vector<amx::Block> blocks;
+        for (int h = 0; h < Hkv; ++h) {
+          blocks.clear();
+          auto add = [&](int64_t k) {
+            int j0, nb;
+            key_block(it.b, k, &j0, &nb);
+            if (j0 < it.keys) blocks.push_back({packed + (size_t(k) * Hkv + h) * be, j0, nb});
+          };
+          for (int64_t k = 0; k < nS; ++k) add(k);
+          for (int64_t k = first[it.b]; k < first[it.b + 1]; ++k) add(k);
+          for (int qi = 0; qi < nq; ++qi) {
+            const int64_t t = start[it.b] + it.q0 + qi;
+            for (int g = 0; g < G; ++g) {
+              qr[qi * G + g] = qp + t * qs0 + (h * G + g) * qs1;
+              orow[qi * G + g] = op + t * int64_t(Hq) * D + (h * G + g) * D;
+              lim[qi * G + g] = int(pre[it.b] + it.q0 + qi + 1);
+            }
+          }
+          amx::attend_head(qr.data(), lim.data(), M, D, blocks.data(), int(blocks.size()), sc, orow.data(), buf);
+        }
+        at::native::cpublas::brgemm_release();
+      });
+      return;
+    }
+  }
+  run_items(items.size(), QB * Hq, D, Hkv * D, [&](int64_t i, Scratch& s) {
+    const Item it = items[i];
+    const int nq = std::min<int64_t>(QB, ext[it.b] - it.q0);
+    Rows<R, DT> rw(Hkv, nq * G, D, sc, s);  // rows ordered (h, query, g)
+    for (int h = 0; h < Hkv; ++h) {
+      for (int qi = 0; qi < nq; ++qi) {
+        const int64_t t = start[it.b] + it.q0 + qi;
+        for (int g = 0; g < G; ++g) {
+          const int m = (h * nq + qi) * G + g;
+          load_q(s, m, qp + t * qs0 + (h * G + g) * qs1, D, sc);
+          s.lim[m] = int(pre[it.b] + it.q0 + qi + 1);
+        }
+      }
+    }
+    rw.init();
+    rw.attend(tab + rows[it.b] * C, int(it.keys), kl, vl, rs, s.lim.data());
+    for (int m = 0; m < rw.M; ++m) {
+      const int h = m / (nq * G), qi = (m / G) % nq, g = m % G;
+      const int64_t t = start[it.b] + it.q0 + qi;
+      float* om = s.o.data() + size_t(m) * D;
+      const float inv = 1.0f / s.l[m];
+      for (int x = 0; x < D; ++x) om[x] *= inv;
+      from_f32(om, op + t * int64_t(Hq) * D + (h * G + g) * D, D);
+    }
+  });
+}
+
+template <template <typename, int> class Fn, typename... Args>
+void dispatch(const at::Tensor& q, Args&&... args) {
+  const bool bf = q.scalar_type() == at::kBFloat16;
+  switch (q.size(2)) {
+    case 64:
+      return bf ? Fn<uint16_t, 64>::run(q, args...) : Fn<float, 64>::run(q, args...);
+    case 128:
+      return bf ? Fn<uint16_t, 128>::run(q, args...) : Fn<float, 128>::run(q, args...);
+    default:
+      return bf ? Fn<uint16_t, 0>::run(q, args...) : Fn<float, 0>::run(q, args...);
+  }
+}
+
+template <typename R, int DT>
+struct DecodeFn {
+  template <typename... A>
+  static void run(const at::Tensor& q, A&&... a) { decode_impl<R, DT>(q, a...); }
+};
+template <typename R, int DT>
+struct ExtendFn {
+  template <typename... A>
+  static void run(const at::Tensor& q, A&&... a) { extend_impl<R, DT>(q, a...); }
+};
+
+at::Tensor decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor k_cache,
+                  at::Tensor v_cache, int64_t layer, const at::Tensor& out_cache_loc, const at::Tensor& req_to_token,
+                  const at::Tensor& req_pool_indices, const at::Tensor& seq_lens, int64_t shared_len, double scale) {
+  check_inputs(q, k_cache, v_cache, req_to_token, req_pool_indices);
+  TORCH_CHECK(req_pool_indices.size(0) == q.size(0) && seq_lens.size(0) == q.size(0), "decode: batch sizes");
+  TORCH_CHECK(q.stride(2) == 1, "q's last dim must be contiguous");
+  store_kv(k, v, k_cache, v_cache, layer, out_cache_loc.to(at::kLong).contiguous());
+  auto out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  auto rows = req_pool_indices.contiguous();
+  auto lens = seq_lens.to(at::kLong).contiguous();
+  dispatch<DecodeFn>(q, k_cache, v_cache, layer, req_to_token, rows, lens, shared_len, scale, out);
+  return out;
+}
+
+at::Tensor extend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor k_cache,
+                  at::Tensor v_cache, int64_t layer, const at::Tensor& out_cache_loc, const at::Tensor& req_to_token,
+                  const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens, const at::Tensor& extend_lens,
+                  int64_t shared_len, double scale) {
+  check_inputs(q, k_cache, v_cache, req_to_token, req_pool_indices);
+  TORCH_CHECK(q.stride(2) == 1, "q's last dim must be contiguous");
+  store_kv(k, v, k_cache, v_cache, layer, out_cache_loc.to(at::kLong).contiguous());
+  auto out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  auto rows = req_pool_indices.contiguous();
+  auto pre = prefix_lens.to(at::kLong).contiguous();
+  auto ext = extend_lens.to(at::kLong).contiguous();
+  dispatch<ExtendFn>(q, k_cache, v_cache, layer, req_to_token, rows, pre, ext, shared_len, scale, out);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(radixgen, m) {
+  m.def(
+      "attn_decode(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, int layer, "
+      "Tensor out_cache_loc, Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, int shared_len, "
+      "float scale) -> Tensor");
+  m.def(
+      "attn_extend(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, int layer, "
+      "Tensor out_cache_loc, Tensor req_to_token, Tensor req_pool_indices, Tensor prefix_lens, "
+      "Tensor extend_lens, int shared_len, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(radixgen, CPU, m) {
+  m.impl("attn_decode", &decode);
+  m.impl("attn_extend", &extend);
+}

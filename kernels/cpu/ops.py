@@ -1,0 +1,52 @@
+"""The native CPU attention ops, as torch custom ops an opaque caller (eager or torch.compile) can use.
+
+Both ops first store the step's new K/V rows into the pool (mutating `k_cache`/`v_cache` at `layer`), then
+attend, reading K/V slots in place through `req_to_token`. All index/length tensors live on the CPU.
+
+  torch.ops.radixgen.attn_decode(
+      q [B, Hq, D], k [B, Hkv, D], v [B, Hkv, D],      # one new token per request; q's last dim contiguous
+      k_cache [L, S, Hkv, D] (mutated), v_cache (mutated), layer: int,
+      out_cache_loc [B] int64,                         # slot of each new token
+      req_to_token [R, C] int32, req_pool_indices [B] int64, seq_lens [B] int64,   # seq_len includes the new token
+      shared_len: int,                                 # leading slots all B rows share (0: none); < min(seq_lens)
+      scale: float) -> out [B, Hq, D]
+  torch.ops.radixgen.attn_extend(
+      q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D],      # requests' new tokens concatenated, T = sum(extend_lens)
+      k_cache (mutated), v_cache (mutated), layer: int, out_cache_loc [T] int64,
+      req_to_token, req_pool_indices [B] int64, prefix_lens [B] int64, extend_lens [B] int64,
+      shared_len: int,                                 # leading slots all B rows share; <= min(prefix_lens)
+      scale: float) -> out [T, Hq, D]
+
+q and the caches share one dtype, float32 or bfloat16; accumulation is float32; out has q's dtype.
+Request b's new token i (0-based) sees its tokens [0, prefix_lens[b] + i], as in kernels/ref.py.
+`shared_len` is a promise about req_to_token (kernels/cpu/backend.py:shared_prefix_len finds it once per step):
+the shared slots are read (and, for extend, packed) once per call for all rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.cpu import build
+
+_registered = False
+
+
+def load() -> None:
+    """Build/load the extension and register the fake (meta) kernels; idempotent."""
+    global _registered
+    build.load()
+    if _registered:
+        return
+
+    @torch.library.register_fake("radixgen::attn_decode")
+    def _decode_fake(q, k, v, k_cache, v_cache, layer, out_cache_loc, req_to_token, req_pool_indices,
+                     seq_lens, shared_len, scale):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    @torch.library.register_fake("radixgen::attn_extend")
+    def _extend_fake(q, k, v, k_cache, v_cache, layer, out_cache_loc, req_to_token, req_pool_indices,
+                     prefix_lens, extend_lens, shared_len, scale):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    _registered = True
