@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from kernels.api import AttnMetadata
+from kernels.api import AttnMetadata, BaseAttnBackend
 from kernels.cpu import ops
 
 SHARED_MIN_PREFIX = 64  # a shorter common prefix is read per request (a separate pass is not worth it)
@@ -47,7 +47,7 @@ def shared_prefix_len(req_to_token: torch.Tensor, rows: torch.Tensor, limits: tu
     return p if p >= SHARED_MIN_PREFIX else 0
 
 
-class CpuAttnBackend:
+class CpuAttnBackend(BaseAttnBackend):
     """q: [T, Hq, D]; k, v: [T, Hkv, D]; returns [T, Hq, D]. Caches [L, S, Hkv, D], float32 or bfloat16."""
 
     def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> None:
@@ -58,57 +58,58 @@ class CpuAttnBackend:
         self.v_cache = v_cache
         self.scale = scale
         self.use_shared_prefix = True
-        self.meta: AttnMetadata | None = None
         self._dec: DecodePart | None = None
         self._ext: ExtendPart | None = None
-        self._nd = 0
 
     def init_forward(self, meta: AttnMetadata) -> None:
         self.meta = meta
-        b = meta.batch_size
-        nd = getattr(meta, "num_decode", b if meta.is_decode else 0)
-        self._nd = nd
-        self._dec = self._ext = None
-        if nd:
-            rows = meta.req_pool_indices[:nd]
-            limits = tuple(n - 1 for n in meta.seq_lens_cpu[:nd])
-            p = shared_prefix_len(meta.req_to_token, rows, limits) if self.use_shared_prefix else 0
-            self._dec = DecodePart(rows, meta.seq_lens[:nd], meta.out_cache_loc[:nd], p)
-        if nd < b:
-            rows = meta.req_pool_indices[nd:]
-            limits = meta.prefix_lens_cpu[nd:]
-            p = shared_prefix_len(meta.req_to_token, rows, limits) if self.use_shared_prefix else 0
-            t = sum(meta.extend_lens_cpu[:nd])
-            self._ext = ExtendPart(rows, meta.prefix_lens[nd:], meta.extend_lens[nd:], meta.out_cache_loc[t:], p)
+        nd = meta.num_decode
+        self._dec = self._plan_decode(meta) if nd else None
+        self._ext = self._plan_extend(meta, nd) if nd < meta.batch_size else None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
-        nd, dec, ext = self._nd, self._dec, self._ext
+        """Decode rows through one decode call, extend rows through one extend call."""
+        dec, ext = self._dec, self._ext
         if ext is None:
-            return self._decode(q, k, v, layer_id)
+            return self._decode(dec, q, k, v, layer_id)
         if dec is None:
-            return self._extend(q, k, v, layer_id)
+            return self._extend(ext, q, k, v, layer_id)
+        nd = self.meta.num_decode
         out = torch.empty_like(q)
-        out[:nd] = self._decode(q[:nd], k[:nd], v[:nd], layer_id)
-        out[nd:] = self._extend(q[nd:], k[nd:], v[nd:], layer_id)
+        out[:nd] = self._decode(dec, q[:nd], k[:nd], v[:nd], layer_id)
+        out[nd:] = self._extend(ext, q[nd:], k[nd:], v[nd:], layer_id)
         return out
 
-    def _decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
-        d, m = self._dec, self.meta
+    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
+        if not self.meta.is_decode:
+            raise ValueError("decode() needs a step whose rows are all decode rows")
+        return self._decode(self._dec, q, k, v, layer_id)
+
+    def extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
+        ext = self._ext if self.meta.is_extend else self._plan_extend(self.meta, 0)
+        return self._extend(ext, q, k, v, layer_id)
+
+    def _plan_decode(self, m: AttnMetadata) -> DecodePart:
+        nd = m.num_decode
+        rows = m.req_pool_indices[:nd]
+        limits = tuple(n - 1 for n in m.seq_lens_cpu[:nd])  # each row keeps >= 1 key of its own
+        p = shared_prefix_len(m.req_to_token, rows, limits) if self.use_shared_prefix else 0
+        return DecodePart(rows, m.seq_lens[:nd], m.out_cache_loc[:nd], p)
+
+    def _plan_extend(self, m: AttnMetadata, first: int) -> ExtendPart:
+        """Rows [first, B) as extend rows; their tokens follow the `first` decode tokens."""
+        rows = m.req_pool_indices[first:]
+        p = shared_prefix_len(m.req_to_token, rows, m.prefix_lens_cpu[first:]) if self.use_shared_prefix else 0
+        return ExtendPart(rows, m.prefix_lens[first:], m.extend_lens[first:], m.out_cache_loc[first:], p)
+
+    def _decode(self, d: DecodePart, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         return torch.ops.radixgen.attn_decode(
-            q, k, v, self.k_cache, self.v_cache, layer_id, d.loc, m.req_to_token, d.rows, d.seq_lens,
+            q, k, v, self.k_cache, self.v_cache, layer, d.loc, self.meta.req_to_token, d.rows, d.seq_lens,
             d.shared_len, self.scale,
         )
 
-    def _extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
-        e, m = self._ext, self.meta
+    def _extend(self, e: ExtendPart, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         return torch.ops.radixgen.attn_extend(
-            q, k, v, self.k_cache, self.v_cache, layer_id, e.loc, m.req_to_token, e.rows, e.prefix_lens,
+            q, k, v, self.k_cache, self.v_cache, layer, e.loc, self.meta.req_to_token, e.rows, e.prefix_lens,
             e.extend_lens, e.shared_len, self.scale,
         )
-
-    # The current model calls these by batch kind; both go through forward (one code path).
-    def extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
-        return self.forward(q, k, v, layer_id)
-
-    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
-        return self.forward(q, k, v, layer_id)

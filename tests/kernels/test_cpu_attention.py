@@ -9,6 +9,8 @@ accumulate in float32, the outputs round to bf16 once).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -100,6 +102,32 @@ def test_extend_matches_reference(case, dtype) -> None:
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_mixed_step_matches_reference(dtype) -> None:
+    """Rows [0, 3) decode, rows [3, 6) extend (one over the decode rows' shared prefix): one step, two op calls."""
+    prefix, extend = [300, 300, 80, 300, 0, 40], [1, 1, 1, 50, 7, 1]
+    pb = make_paged_batch(prefix, extend, 3, 64, dtype=dtype, seed=11)
+    rows = pb.req_pool_indices.tolist()
+    for r in (rows[1], rows[3]):
+        pb.req_to_token[r, :256] = pb.req_to_token[rows[0], :256]
+    g = torch.Generator().manual_seed(1)
+    meta = dataclasses.replace(step_meta(pb, prefix, extend, False), num_decode=3)
+    t = sum(extend)
+    q, k, v = (torch.randn(t, h, 64, generator=g).to(dtype) for h in (9, 3, 3))
+    kr, vr = pb.k_cache[0].clone(), pb.v_cache[0].clone()
+    ref.store_kv(kr, vr, meta.out_cache_loc, k, v)
+    want = ref.extend_attention(q, kr, vr, pb.req_to_token, pb.req_pool_indices, tuple(prefix), tuple(extend),
+                                0.125)
+    backend = CpuAttnBackend(pb.k_cache, pb.v_cache, 0.125)
+    backend.init_forward(meta)
+    got = backend.forward(q, k, v, 0)
+    assert torch.equal(pb.k_cache[0], kr) and torch.equal(pb.v_cache[0], vr)
+    tol = TOL[dtype]
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+    # all rows as extend rows (the base seam's extend()) gives the same answer
+    torch.testing.assert_close(backend.extend(q, k, v, 0).float(), want.float(), atol=tol, rtol=tol)
+
+
 def test_shared_prefix_len_stops_at_first_difference() -> None:
     pb = make_paged_batch([300, 300, 300], [1, 1, 1], 1, 16, seed=3)
     _share(pb, 200)
@@ -146,7 +174,7 @@ def test_bad_inputs_fail_loud() -> None:
 def test_smollm_greedy_equals_torch_backend(smollm_runner) -> None:
     """float32 SmolLM2: greedy continuations through the native backend equal the torch backend's."""
     from kernels.api import create_attn_backend
-    from runtime.offline import greedy_generate
+    from runtime.executor.greedy import greedy_generate
 
     runner = smollm_runner
     saved = runner.attn
