@@ -10,11 +10,15 @@
 //             key chunk) for each request's own keys (split-KV). Each item leaves a partial (o, lse) per query row;
 //             a merge pass combines them by log-sum-exp. Items are pulled dynamically by every thread.
 //   extend  : ragged new tokens (E_b per request after P_b cached ones), flash-style online softmax per
-//             (request, KV head, block of QB queries); query i of request b sees keys [0, P_b + i].
+//             (request, block of QB queries); query i of request b sees keys [0, P_b + i]. For head_dim % 32 == 0
+//             it runs on brgemm micro-kernels over key blocks packed once per call, the shared prefix once for
+//             the batch (extend_amx.h: bf16 AMX tiles where oneDNN has them, else float32 brgemm); other head
+//             sizes take the row kernel below.
 // Numerics: inputs float32 or bfloat16, scores/softmax/accumulators float32, outputs in the input dtype.
 // GQA: the G = Hq / Hkv query heads of a KV head are rows of the same item, so each K/V row is read once for them.
-// The inner loops are plain C++ written for the compiler's vectorizer (-O3 -march=native: AVX-512 here, AVX2 on
-// older CPUs); no intrinsics, so one source builds on every x86-64 and aarch64 machine.
+// The row kernels are plain C++ for the compiler's vectorizer (-O3 -march=native: AVX2 or AVX-512), with
+// AVX-512 / AVX-512-BF16 intrinsics behind #if for the hot decode loops; the same source builds on any x86-64
+// (and aarch64) machine, specialised for the CPU that compiles it.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -549,8 +553,10 @@ void extend_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
   if (B < 2) shared_len = 0;
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.keys > b.keys; });
   const float sc = float(scale);
-  if constexpr (std::is_same_v<R, uint16_t>) {
-    if (D % 32 == 0 && D <= 256 && amx::available()) {
+  // Through brgemm: packed blocks of T = R (float32; bf16 where VNNI bf16 kernels exist) or float32 (bf16 pools
+  // elsewhere, converted while packing).
+  auto brgemm_path = [&]<typename T>() {
+    {
       // Key blocks: the shared prefix [0, P0) once, then each request's own keys [P0, pre + ext).
       const int64_t nS = (shared_len + amx::NB - 1) / amx::NB;
       std::vector<int64_t> first(B + 1);  // request b's own blocks: [first[b], first[b + 1])
@@ -558,9 +564,9 @@ void extend_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
       for (int b = 0; b < B; ++b) first[b + 1] = first[b] + (pre[b] + ext[b] - shared_len + amx::NB - 1) / amx::NB;
       const int64_t n_blk = first[B];
       const size_t be = amx::block_elems(D);
-      thread_local std::vector<uint16_t> pack_buf;  // reused across calls made from this (caller) thread
+      thread_local std::vector<T> pack_buf;  // reused across calls made from this (caller) thread
       if (pack_buf.size() < size_t(n_blk) * Hkv * be) pack_buf.resize(size_t(n_blk) * Hkv * be);
-      uint16_t* const packed = pack_buf.data();  // [n_blk, Hkv, be]
+      T* const packed = pack_buf.data();  // [n_blk, Hkv, be]
       auto key_block = [&](int b, int64_t k, int* j0, int* nb) {  // block k of request b (k < nS: shared)
         const int64_t start_key = k < nS ? k * amx::NB : shared_len + (k - first[b]) * amx::NB;
         const int64_t end_key = k < nS ? shared_len : pre[b] + ext[b];
@@ -579,13 +585,13 @@ void extend_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
                         packed + (size_t(k) * Hkv + h) * be);
       });
       run_items(items.size(), 1, D, D, [&](int64_t i, Scratch&) {
-        thread_local amx::Buffers buf;
+        thread_local amx::Buffers<T> buf;
         const Item it = items[i];
         const int nq = std::min<int64_t>(QB, ext[it.b] - it.q0), M = nq * G;
-        std::vector<const uint16_t*> qr(M);
-        std::vector<uint16_t*> orow(M);
+        std::vector<const R*> qr(M);
+        std::vector<R*> orow(M);
         std::vector<int> lim(M);
-        std::vector<amx::Block> blocks;
+        std::vector<amx::Block<T>> blocks;
         for (int h = 0; h < Hkv; ++h) {
           blocks.clear();
           auto add = [&](int64_t k) {
@@ -607,8 +613,16 @@ void extend_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
         }
         at::native::cpublas::brgemm_release();
       });
-      return;
     }
+  };
+  if (D % 32 == 0 && D <= 256) {
+    if constexpr (std::is_same_v<R, uint16_t>) {
+      if (amx::available<uint16_t>()) brgemm_path.template operator()<uint16_t>();
+      else brgemm_path.template operator()<float>();
+    } else {
+      brgemm_path.template operator()<float>();
+    }
+    return;
   }
   run_items(items.size(), QB * Hq, D, Hkv * D, [&](int64_t i, Scratch& s) {
     const Item it = items[i];

@@ -1,15 +1,16 @@
-// bf16 extend on CPUs whose oneDNN brgemm micro-kernels take VNNI-packed bf16 (AMX machines): included by
-// attention.cpp (one translation unit). Two phases per call:
+// Extend through brgemm micro-kernels (oneDNN's, via ATen's cpublas): bf16 on CPUs whose kernels take
+// VNNI-packed bf16 (AMX machines), float32 everywhere. Included by attention.cpp (one translation unit).
+// Two phases per call:
 //   pack:   every block of NB keys of the batch, per KV head, is read once through req_to_token and packed:
 //           Bk = K^T in VNNI pairs [D/2, NB, 2], Bv = V in VNNI pairs [NB/2, D, 2] (pad keys zero). The
 //           shared prefix (leading slots all requests have in common) is packed once for the whole batch.
 //   attend: per item (request, block of nq <= QB queries) and KV head h, A = its queries of head h, rows
 //           (query, g), [M = nq*G, D] bf16 (raw, unscaled); over the request's blocks in key order:
 //             S = A x Bk (brgemm, float32 [M, NB]), scale, causal limit per row,
-//             online softmax -> P (bf16 [M, NB]), O *= exp(old max - new max), O += P x Bv (brgemm);
+//             online softmax -> P ([M, NB], input dtype), O *= exp(old max - new max), O += P x Bv;
 //           out = O / l.
-// P is rounded to bf16 before the second product (as the flash kernels of torch and SGLang do on CPU);
-// everything else accumulates in float32.
+// For bf16, P is rounded to bf16 before the second product (as the flash kernels of torch and SGLang do on
+// CPU); everything else accumulates in float32.
 
 // (needs <ATen/native/CPUBlas.h>, included at the top of attention.cpp, outside its anonymous namespace)
 
@@ -17,20 +18,42 @@ namespace amx {
 
 constexpr int NB = 128;  // keys per brgemm block (a multiple of 32: whole AMX tiles, even VNNI pairs)
 
+// bf16 needs VNNI-packed brgemm kernels (AMX); float32 brgemm runs everywhere (oneDNN or cpublas gemm).
+template <typename T>
 inline bool available() {
+  if constexpr (std::is_same_v<T, float>) return true;
   static const bool ok = at::native::cpublas::could_pack(at::kBFloat16);
   return ok;
 }
 
-// A packed key block of one KV head: K^T in VNNI pairs, then V in VNNI pairs (bf16 elements).
+template <typename T>
+using Elem = std::conditional_t<std::is_same_v<T, float>, float, at::BFloat16>;  // what brgemm takes
+
+// A packed key block of one KV head: K^T then V, in brgemm's B layouts (elements of T).
 inline size_t block_elems(int D) { return size_t(2) * D * NB; }
 
-// Bk as 32-bit words [D/2, NB]: word (p, j) = K row j's bf16 pair (2p, 2p+1), i.e. a 32-bit transpose.
-// Bv [NB/2, D, 2]: element (i, d, e) = V row (2i + e), column d. Keys past nb are zero.
-inline void pack_block(const uint16_t* kbase, const uint16_t* vbase, int64_t rs, const int32_t* slot, int nb, int D,
-                       uint16_t* dst) {
-  static const uint16_t zeros[512] = {};
-  const int W = D / 2;
+// bf16: Bk as 32-bit words [D/2, NB]: word (p, j) = K row j's bf16 pair (2p, 2p+1) (a 32-bit transpose);
+//       Bv [NB/2, D, 2]: element (i, d, e) = V row (2i + e), column d (VNNI pairs).
+// float: Bk [D, NB] = K^T; Bv [NB, D] = V rows.   Keys past nb are zero in both.
+// R is the pool's element type, T the packed one (bf16 pools pack to float32 where bf16 brgemm is unavailable).
+template <typename R, typename T>
+inline void pack_block(const R* kbase, const R* vbase, int64_t rs, const int32_t* slot, int nb, int D, T* dst) {
+  if constexpr (!std::is_same_v<R, T>) {  // bf16 pool -> float32 blocks
+    for (int j = 0; j < NB; ++j) {
+      if (j < nb) {
+        const R* kr = kbase + int64_t(slot[j]) * rs;
+        for (int d = 0; d < D; ++d) dst[d * NB + j] = bf16_to_f32(kr[d]);
+        to_f32(vbase + int64_t(slot[j]) * rs, dst + size_t(D) * NB + size_t(j) * D, D);
+      } else {
+        for (int d = 0; d < D; ++d) dst[d * NB + j] = 0.0f;
+        std::fill_n(dst + size_t(D) * NB + size_t(j) * D, D, 0.0f);
+      }
+    }
+    return;
+  } else {
+  constexpr bool bf = std::is_same_v<T, uint16_t>;
+  static const T zeros[512] = {};
+  const int W = bf ? D / 2 : D;  // 32-bit words per K row
   uint32_t* bk = reinterpret_cast<uint32_t*>(dst);
   for (int j = 0; j < nb; ++j) {
     const uint32_t* kr = reinterpret_cast<const uint32_t*>(kbase + int64_t(slot[j]) * rs);
@@ -38,23 +61,30 @@ inline void pack_block(const uint16_t* kbase, const uint16_t* vbase, int64_t rs,
   }
   for (int p = 0; p < W; ++p)
     for (int j = nb; j < NB; ++j) bk[p * NB + j] = 0;
-  uint16_t* bv = dst + size_t(D) * NB;
-  for (int i = 0; i < NB / 2; ++i) {
-    const int j = 2 * i;
-    const uint16_t* r0 = j < nb ? vbase + int64_t(slot[j]) * rs : zeros;
-    const uint16_t* r1 = j + 1 < nb ? vbase + int64_t(slot[j + 1]) * rs : zeros;
-    uint16_t* o = bv + size_t(i) * D * 2;
+  T* bv = dst + size_t(D) * NB;
+  if constexpr (bf) {
+    for (int i = 0; i < NB / 2; ++i) {
+      const int j = 2 * i;
+      const T* r0 = j < nb ? vbase + int64_t(slot[j]) * rs : zeros;
+      const T* r1 = j + 1 < nb ? vbase + int64_t(slot[j + 1]) * rs : zeros;
+      T* o = bv + size_t(i) * D * 2;
 #pragma omp simd
-    for (int d = 0; d < D; ++d) {
-      o[2 * d] = r0[d];
-      o[2 * d + 1] = r1[d];
+      for (int d = 0; d < D; ++d) {
+        o[2 * d] = r0[d];
+        o[2 * d + 1] = r1[d];
+      }
     }
+  } else {
+    for (int j = 0; j < NB; ++j)
+      std::memcpy(bv + size_t(j) * D, j < nb ? vbase + int64_t(slot[j]) * rs : zeros, sizeof(T) * D);
+  }
   }
 }
 
 // Row softmax step fused for the brgemm path: raw scores s[0, vis) (unscaled); returns the new running max
 // (of scaled scores), writes P = exp(scale * s - max) as bf16 into p[0, NB) (zeros past vis), adds sum(P) to *sum.
-inline float softmax_to_bf16(const float* s, int vis, float scale, float old_max, uint16_t* p, float* sum) {
+template <typename T>
+inline float softmax_to(const float* s, int vis, float scale, float old_max, T* p, float* sum) {
 #if defined(__AVX512F__)
   __m512 mv = _mm512_set1_ps(NEG_INF);
   for (int j = 0; j < vis; j += 16) {
@@ -68,13 +98,17 @@ inline float softmax_to_bf16(const float* s, int vis, float scale, float old_max
     const __mmask16 k = j + 16 <= vis ? __mmask16(0xffff) : j < vis ? __mmask16((1u << (vis - j)) - 1) : 0;
     const __m512 e = _mm512_maskz_mov_ps(k, exp_neg16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, s + j), scv, mxv)));
     acc = _mm512_add_ps(acc, e);
+    if constexpr (std::is_same_v<T, float>) {
+      _mm512_storeu_ps(p + j, e);
+    } else {
 #if defined(__AVX512BF16__)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)_mm512_cvtneps_pbh(e));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)_mm512_cvtneps_pbh(e));
 #else
-    float tmp[16];
-    _mm512_storeu_ps(tmp, e);
-    for (int x = 0; x < 16; ++x) p[j + x] = f32_to_bf16(tmp[x]);
+      float tmp[16];
+      _mm512_storeu_ps(tmp, e);
+      for (int x = 0; x < 16; ++x) p[j + x] = f32_to_bf16(tmp[x]);
 #endif
+    }
   }
   *sum += _mm512_reduce_add_ps(acc);
   return mx;
@@ -85,20 +119,23 @@ inline float softmax_to_bf16(const float* s, int vis, float scale, float old_max
   for (int j = 0; j < NB; ++j) {
     const float e = j < vis ? exp_neg(s[j] * scale - mx) : 0.0f;
     acc += e;
-    p[j] = f32_to_bf16(e);
+    if constexpr (std::is_same_v<T, float>) p[j] = e;
+    else p[j] = f32_to_bf16(e);
   }
   *sum += acc;
   return mx;
 #endif
 }
 
+template <typename T>
 struct Block {
-  const uint16_t* packed;  // pack_block output
+  const T* packed;  // pack_block output
   int j0, nb;              // keys [j0, j0 + nb) of the request
 };
 
+template <typename T>
 struct Buffers {  // per thread, grown on demand
-  std::vector<uint16_t> a, p;
+  std::vector<T> a, p;
   std::vector<float> s, o, m, l;
   void reserve(int M, int D) {
     a.resize(size_t(M) * D);
@@ -112,30 +149,36 @@ struct Buffers {  // per thread, grown on demand
 
 // One (item, KV head) over packed key blocks in key order. q_rows[m] points at query row m (bf16, D contiguous);
 // row m sees keys j < lim[m]; out_rows[m] receives the result (bf16).
-inline void attend_head(const uint16_t* const* q_rows, const int* lim, int M, int D, const Block* blocks,
-                        int n_blocks, float scale, uint16_t* const* out_rows, Buffers& b) {
+template <typename R, typename T>
+inline void attend_head(const R* const* q_rows, const int* lim, int M, int D, const Block<T>* blocks,
+                        int n_blocks, float scale, R* const* out_rows, Buffers<T>& b) {
   using at::native::cpublas::brgemm;
+  using E = Elem<T>;
+  constexpr bool vnni = std::is_same_v<T, uint16_t>;
   b.reserve(M, D);
-  for (int m = 0; m < M; ++m) std::memcpy(b.a.data() + size_t(m) * D, q_rows[m], sizeof(uint16_t) * D);
+  for (int m = 0; m < M; ++m) {
+    if constexpr (std::is_same_v<R, T>) std::memcpy(b.a.data() + size_t(m) * D, q_rows[m], sizeof(T) * D);
+    else to_f32(q_rows[m], b.a.data() + size_t(m) * D, D);
+  }
   std::fill_n(b.m.data(), M, NEG_INF);
   std::fill_n(b.l.data(), M, 0.0f);
   std::fill_n(b.o.data(), size_t(M) * D, 0.0f);
-  const auto* A = reinterpret_cast<const at::BFloat16*>(b.a.data());
+  const auto* A = reinterpret_cast<const E*>(b.a.data());
   for (int k = 0; k < n_blocks; ++k) {
-    const Block& blk = blocks[k];
-    const auto* bk = reinterpret_cast<const at::BFloat16*>(blk.packed);
-    const auto* bv = reinterpret_cast<const at::BFloat16*>(blk.packed + size_t(D) * NB);
-    brgemm(M, NB, D, D, NB, NB, false, A, bk, b.s.data());
+    const Block<T>& blk = blocks[k];
+    const auto* bk = reinterpret_cast<const E*>(blk.packed);
+    const auto* bv = reinterpret_cast<const E*>(blk.packed + size_t(D) * NB);
+    brgemm(M, NB, D, D, NB, NB, false, A, bk, b.s.data(), vnni);
     for (int m = 0; m < M; ++m) {
       float* sm = b.s.data() + size_t(m) * NB;
-      uint16_t* pm = b.p.data() + size_t(m) * NB;
+      T* pm = b.p.data() + size_t(m) * NB;
       const int vis = std::min(blk.nb, lim[m] - blk.j0);
       if (vis <= 0) {
-        std::fill_n(pm, NB, uint16_t(0));
+        std::fill_n(pm, NB, T(0));
         continue;
       }
       float sum = 0.0f;
-      const float mx = softmax_to_bf16(sm, vis, scale, b.m[m], pm, &sum);
+      const float mx = softmax_to(sm, vis, scale, b.m[m], pm, &sum);
       const float alpha = exp_neg(b.m[m] - mx);
       b.m[m] = mx;
       b.l[m] = b.l[m] * alpha + sum;
@@ -144,7 +187,7 @@ inline void attend_head(const uint16_t* const* q_rows, const int* lim, int M, in
         for (int x = 0; x < D; ++x) om[x] *= alpha;
       }
     }
-    brgemm(M, D, NB, NB, D, D, true, reinterpret_cast<const at::BFloat16*>(b.p.data()), bv, b.o.data());
+    brgemm(M, D, NB, NB, D, D, true, reinterpret_cast<const E*>(b.p.data()), bv, b.o.data(), vnni);
   }
   for (int m = 0; m < M; ++m) {
     float* om = b.o.data() + size_t(m) * D;
