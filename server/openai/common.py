@@ -32,14 +32,22 @@ async def read_body(request: Request, state: ServerState) -> Any:
     return await read_json(request, state.cfg.server.max_body_bytes)
 
 
+# Names that mean "whatever this server serves": the README's and SGLang's examples send "default";
+# sglang-router fills a missing `model` with "unknown" before proxying.
+DEFAULT_NAMES = frozenset({"default", "unknown"})
+
+
 def check_model(state: ServerState, model: Any) -> str:
-    """The model name to echo: the request's (which must be served here) or the served name (404 else)."""
+    """The model name to echo: the request's when it is the served name or the model path, the served name
+    when it is missing, "default" or "unknown"; any other name is a 404 `model_not_found`."""
     if model is None:
         return state.served_model_name
     if not isinstance(model, str):
         raise RequestError("'model' must be a string", "model", "invalid_type")
     if model in served_names(state):
         return model
+    if model in DEFAULT_NAMES:
+        return state.served_model_name
     raise RequestError(f"The model `{model}` does not exist.", "model", "model_not_found", 404)
 
 
