@@ -58,9 +58,14 @@ class SchedulerConfig:
     max_running_requests: int = 128
     """Most requests decoding at once (also the rows of the request-to-token table)."""
     max_prefill_tokens: int = 16384
-    """Most new tokens in one prefill batch."""
+    """Most new tokens in one step (decode tokens of running requests first, prefill the rest; prefill keeps at
+    least an eighth of it)."""
     chunked_prefill_size: int = 2048
-    """Longest piece of one prompt computed in one step; -1 turns chunking off."""
+    """Token budget of one step for prompt chunks: running requests' decode tokens come out of it first (prefill
+    keeps at least an eighth), a longer prompt is cut and continued next step; -1 turns chunking off."""
+    disable_mixed_steps: bool = False
+    """Separate prefill and decode steps (prefill first) instead of one mixed step: running requests get no
+    token in a step that prefills (counted in the stall_steps metric)."""
     schedule_policy: str = "auto"
     """Waiting-queue order: auto (lpm with the cache, fcfs without), lpm, fcfs or dfs-weight."""
     schedule_conservativeness: float = 1.0

@@ -158,7 +158,7 @@ class CudaGraphRunner:
         """A decode batch of `bs` rows over the static buffers (host lengths as given, one new token each)."""
         s = self.static
         return ForwardBatch(
-            is_decode=True, input_ids=s[IDS, :bs], positions=s[POS, :bs], out_cache_loc=s[LOC, :bs],
+            num_decode=bs, input_ids=s[IDS, :bs], positions=s[POS, :bs], out_cache_loc=s[LOC, :bs],
             req_pool_indices=s[ROWS, :bs], seq_lens=seq_lens_cpu, prefix_lens=tuple(x - 1 for x in seq_lens_cpu),
             extend_lens=(1,) * bs, logits_indices=self.arange[:bs],
         )
@@ -175,4 +175,4 @@ class CudaGraphRunner:
 def _empty_decode() -> ForwardBatch:
     """A decode batch of no requests: padded to a bucket it is all padding rows (used for capture)."""
     empty = torch.zeros(0, dtype=torch.int64)
-    return ForwardBatch(True, empty, empty, empty, empty, (), (), (), empty)
+    return ForwardBatch(0, empty, empty, empty, empty, (), (), (), empty)

@@ -18,12 +18,15 @@ from kernels.api import AttnMetadata
 class ForwardBatch:
     """B requests, T new tokens. Invariant: seq_lens[b] == prefix_lens[b] + extend_lens[b]; T == sum(extend_lens).
 
+    Rows [0, num_decode) are decode rows (one new token each, tokens [0, num_decode)); rows [num_decode, B)
+    are extend rows (prompt chunks, jump-forward extends), so a mixed prefill+decode step is one batch and one
+    model forward. num_decode == B is an all-decode step (the shape CUDA graphs and compiled decode replay).
     Request b's new tokens are input_ids[start_b : start_b + extend_lens[b]] at positions
     prefix_lens[b] .. seq_lens[b]-1; their K/V go to out_cache_loc (the scheduler already wrote these slots
     into req_to_token[req_pool_indices[b], prefix_lens[b]:seq_lens[b]]).
     """
 
-    is_decode: bool
+    num_decode: int
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
     out_cache_loc: torch.Tensor  # [T] int64
@@ -42,7 +45,7 @@ class ForwardBatch:
         """The step's attention metadata. This batch's index tensors must already be on the model's device;
         `seq_lens`, `prefix_lens`, `extend_lens` are the device copies [B] int64 of its host length tuples."""
         return AttnMetadata(
-            num_decode=self.batch_size if self.is_decode else 0,
+            num_decode=self.num_decode,
             req_to_token=req_to_token,
             req_pool_indices=self.req_pool_indices,
             seq_lens=seq_lens,
@@ -54,17 +57,25 @@ class ForwardBatch:
             extend_lens_cpu=self.extend_lens,
         )
 
+    @property
+    def is_decode(self) -> bool:
+        """Every row is a decode row."""
+        return self.num_decode == len(self.seq_lens)
+
     @staticmethod
     def build(
         input_ids: list[list[int]],
         prefix_lens: list[int],
         out_cache_loc: torch.Tensor,
         req_pool_indices: list[int],
-        is_decode: bool,
+        num_decode: int = 0,
         logits_indices: list[int] | None = None,
     ) -> ForwardBatch:
-        """From per-request new token lists. Default logits_indices: the last new token of each request."""
+        """From per-request new token lists (decode rows first). Default logits_indices: the last new token of
+        each request."""
         extend = [len(x) for x in input_ids]
+        if not 0 <= num_decode <= len(extend) or any(e != 1 for e in extend[:num_decode]):
+            raise ValueError(f"num_decode {num_decode}: the first rows must have one new token each ({extend[:8]})")
         flat = [t for ids in input_ids for t in ids]
         pos = [p for plen, e in zip(prefix_lens, extend, strict=True) for p in range(plen, plen + e)]
         if logits_indices is None:
@@ -74,7 +85,7 @@ class ForwardBatch:
                 ends.append(acc - 1)
             logits_indices = ends
         return ForwardBatch(
-            is_decode=is_decode,
+            num_decode=num_decode,
             input_ids=torch.tensor(flat, dtype=torch.int64),
             positions=torch.tensor(pos, dtype=torch.int64),
             out_cache_loc=out_cache_loc.to(torch.int64),

@@ -37,7 +37,7 @@ class OfflineBatch:
         for b, ids in enumerate(new_ids):
             self.runner.req_to_token.write(self.rows[b], self.lens[b], slots[start : start + len(ids)])
             start += len(ids)
-        fb = ForwardBatch.build(new_ids, list(self.lens), slots, self.rows, is_decode=is_decode)
+        fb = ForwardBatch.build(new_ids, list(self.lens), slots, self.rows, num_decode=len(new_ids) if is_decode else 0)
         logits = self.runner.forward(fb)
         self.lens = [n + len(ids) for n, ids in zip(self.lens, new_ids, strict=True)]
         return logits

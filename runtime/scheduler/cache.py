@@ -103,6 +103,25 @@ class KVManager:
             self.tree.unlock(req.last_node)
         req.last_node, req.tree_len = m.last_node, m.length
 
+    def cache_planned(self, req: Req) -> None:
+        """Insert req's tokens [0, seq_len) into the tree while planning the step that computes them, so later
+        requests of the same step match and extend from them (the forward stores every row's new K/V before
+        any row attends). The new slots become tree-owned and locked by req (tree_len may pass cached_len until
+        the forward). Skipped when the tree already holds some of the new tokens (a capped match, e.g. n > 1
+        copies of one prompt): those slots must not be freed before the forward writes them, so the processor's
+        `cache_unfinished` dedupes them after it instead."""
+        if self.tree is None:
+            return
+        ids = req.fill_ids[: req.seq_len]
+        if self.tree.match_prefix(ids, record=False).length > req.tree_len:
+            return
+        self.tree.insert(ids, self.table.read(req.row, 0, req.seq_len))
+        m = self.tree.match_prefix(ids, record=False)
+        self.tree.lock(m.last_node)
+        if req.last_node is not None:
+            self.tree.unlock(req.last_node)
+        req.last_node, req.tree_len = m.last_node, m.length
+
     def release(self, req: Req) -> None:
         """Req leaves the pool (finished, aborted or retracted): its computed KV goes into the tree (so a next
         chat turn or its own readmission hits), its lock is dropped and its row freed."""

@@ -7,10 +7,14 @@ per step, and hands the model runner the immutable `ForwardBatch` view built her
 Lengths of a request (all positions index `fill_ids = origin_input_ids + output_ids`):
 - `cached_len`: positions [0, cached_len) have K/V in the pool, reached through `row` of the table.
 - `tree_len`:   positions [0, tree_len) are slots owned by the radix tree, locked through `last_node`
-                (tree_len <= cached_len; the rest of the row's slots belong to the request).
-- `extend_len`: tokens computed in the current step (prefill chunk, or 1 in decode).
+                (tree_len <= seq_len: a planned extend enters the tree before its forward, for same-step
+                sharing; the rest of the row's slots belong to the request).
+- `extend_len`: tokens computed in the current step (prefill chunk, 1 in decode, 1 + forced tokens after a
+                jump-forward).
 - `seq_len`:    cached_len + extend_len, the sequence length after the current step.
-A running request's KV lags its tokens by one: the last sampled token is the next step's input.
+- `fill_len`:   len(fill_ids); fill_len - cached_len is what the next step computes.
+A running request's KV lags its tokens by one (the last sampled token is the next step's input), or by more
+after a jump-forward appended grammar-forced tokens (they ride in the next step as an extend row).
 """
 
 from __future__ import annotations
@@ -76,13 +80,18 @@ class Req:
         self.grammar: Any = None
         self.grammar_future: Any = None
         self.grammar_wait_since = 0.0
-        self.jump_tokens = 0  # tokens jump-forward appended this step without KV (the next prefill computes them)
+        self.jump_tokens = 0  # tokens the last jump-forward appended (computed next step as an extend row)
 
     # ---- lengths ----------------------------------------------------------------------------------------------
     @property
     def fill_ids(self) -> list[int]:
         """Every token known so far: prompt plus output."""
         return self.origin_input_ids + self.output_ids
+
+    @property
+    def fill_len(self) -> int:
+        """len(fill_ids), without building the list."""
+        return len(self.origin_input_ids) + len(self.output_ids)
 
     @property
     def seq_len(self) -> int:
@@ -125,15 +134,18 @@ class Req:
 class Batch:
     """The requests of one step and the new tokens each computes.
 
-    `reqs[b]` computes `fill_ids[cached_len : cached_len + extend_len]` into slots `out_cache_loc` (concatenated
-    in request order). `logit_offsets[b]` lists positions (relative to the request's first new token) whose
-    logits come back; the last offset of a request that samples this step is `extend_len - 1`.
+    Rows [0, num_decode) are decode rows (running requests, one new token each); rows [num_decode, size) are
+    extend rows (prompt chunks, readmissions, jump-forward extends of running requests). A mixed step carries
+    both in one forward. `reqs[b]` computes `fill_ids[cached_len : cached_len + extend_len]` into slots
+    `out_cache_loc` (concatenated in row order). `logit_offsets[b]` lists positions (relative to the request's
+    first new token) whose logits come back; the last offset of a request that samples this step is
+    `extend_len - 1`.
     """
 
-    def __init__(self, reqs: list[Req], is_decode: bool, out_cache_loc: torch.Tensor,
+    def __init__(self, reqs: list[Req], num_decode: int, out_cache_loc: torch.Tensor,
                  logit_offsets: list[list[int]]) -> None:
         self.reqs = reqs
-        self.is_decode = is_decode
+        self.num_decode = num_decode
         self.out_cache_loc = out_cache_loc
         self.logit_offsets = logit_offsets
         # logits row span of each request in the runner's output: rows[b] = (start, count)
@@ -148,8 +160,18 @@ class Batch:
         return len(self.reqs)
 
     @property
+    def is_decode(self) -> bool:
+        """Every row is a decode row."""
+        return self.num_decode == len(self.reqs)
+
+    @property
     def num_tokens(self) -> int:
         return sum(r.extend_len for r in self.reqs)
+
+    @property
+    def extend_tokens(self) -> int:
+        """New tokens of the extend rows (the step's prefill work)."""
+        return sum(r.extend_len for r in self.reqs[self.num_decode :])
 
     def forward_batch(self) -> ForwardBatch:
         """Immutable tensor view for the runner (the table rows were already written by the scheduler)."""
@@ -163,6 +185,6 @@ class Batch:
             prefix_lens=[r.cached_len for r in self.reqs],
             out_cache_loc=self.out_cache_loc,
             req_pool_indices=[r.row for r in self.reqs],
-            is_decode=self.is_decode,
+            num_decode=self.num_decode,
             logits_indices=indices,
         )

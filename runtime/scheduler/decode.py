@@ -1,9 +1,11 @@
-"""Decode planning: one new slot per running request, evicting the cache and then retracting when short.
+"""Decode planning: the next tokens of every running request, evicting the cache and then retracting when short.
 
-When free + evictable slots cannot cover the next few steps of every running request, requests are
-retracted back to the waiting queue, fewest output tokens first (ties: longest prompt first), until they
-can. A retracted request's computed KV (prompt plus output so far) goes into the tree unlocked, so its
-readmission is mostly a cache hit; it keeps `output_ids`. A request that cannot decode even alone is
+A running request computes `fill_len - cached_len` tokens per step: 1 (a decode row), or 1 plus the tokens a
+jump-forward appended (an extend row of the same step, so a grammar-forced continuation never costs its
+request a step). When free + evictable slots cannot cover the next few steps of every running request,
+requests are retracted back to the waiting queue, fewest output tokens first (ties: longest prompt first),
+until they can. A retracted request's computed KV (prompt plus output so far) goes into the tree unlocked, so
+its readmission is mostly a cache hit; it keeps `output_ids`. A request that cannot decode even alone is
 aborted (the pool is too small for it): the scheduler never crashes on a full pool.
 """
 
@@ -14,19 +16,33 @@ from typing import NamedTuple
 import torch
 
 from runtime.scheduler.cache import KVManager
-from runtime.scheduler.core import Batch, Req
+from runtime.scheduler.core import Req
 
 RETRACT_DECODE_STEPS = 20  # retract until every remaining request has room for this many steps
 
 
 class DecodePlan(NamedTuple):
-    batch: Batch | None
+    """`decode`: rows with one new token; `extend`: running rows with forced tokens to compute too; `slots`:
+    their new slots, decode rows first then extend rows (row order); `retracted` / `aborted`: removed from
+    the running list."""
+
+    decode: list[Req]
+    extend: list[Req]
+    slots: list[torch.Tensor]
     retracted: list[Req]
     aborted: list[tuple[Req, str]]
 
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decode) + sum(r.extend_len for r in self.extend)
+
+
+def _need(req: Req) -> int:
+    return req.fill_len - req.cached_len
+
 
 def _room_needed(reqs: list[Req]) -> int:
-    return sum(max(min(r.remaining_new_tokens, RETRACT_DECODE_STEPS), 1) for r in reqs)
+    return sum(max(min(r.remaining_new_tokens, RETRACT_DECODE_STEPS), _need(r), 1) for r in reqs)
 
 
 def plan_decode(kv: KVManager, running: list[Req], others_hold_slots: bool = False) -> DecodePlan:
@@ -35,7 +51,7 @@ def plan_decode(kv: KVManager, running: list[Req], others_hold_slots: bool = Fal
     retracted (to wait for them) rather than aborted."""
     retracted: list[Req] = []
     aborted: list[tuple[Req, str]] = []
-    if kv.available() < len(running):
+    if kv.available() < sum(_need(r) for r in running):
         # Victims in pop order: the request with the fewest output tokens (then the longest prompt) last.
         victims = sorted(running, key=lambda r: (len(r.output_ids), -r.prompt_len), reverse=True)
         while len(victims) > 1 and kv.available() < _room_needed(victims):
@@ -43,7 +59,7 @@ def plan_decode(kv: KVManager, running: list[Req], others_hold_slots: bool = Fal
             kv.release(req)
             req.num_retractions += 1
             retracted.append(req)
-        if kv.available() < len(victims):
+        if victims and kv.available() < sum(_need(r) for r in victims):
             req = victims.pop()
             kv.release(req)
             if others_hold_slots:
@@ -53,15 +69,17 @@ def plan_decode(kv: KVManager, running: list[Req], others_hold_slots: bool = Fal
                 aborted.append((req, f"KV cache pool ({kv.total} slots) is too small for this request"))
         keep = {id(r) for r in victims}
         running[:] = [r for r in running if id(r) in keep]
-    if not running:
-        return DecodePlan(None, retracted, aborted)
-    slots = []
+    decode: list[Req] = []
+    extend: list[Req] = []
+    dslots: list[torch.Tensor] = []
+    eslots: list[torch.Tensor] = []
     for req in running:
-        s = kv.extend(req, 1)
+        n = _need(req)
+        s = kv.extend(req, n)
         assert s is not None, "decode slots were checked above"
-        slots.append(s)
-    batch = Batch(list(running), True, torch.cat(slots), [[0]] * len(running))
-    return DecodePlan(batch, retracted, aborted)
+        (decode if n == 1 else extend).append(req)
+        (dslots if n == 1 else eslots).append(s)
+    return DecodePlan(decode, extend, dslots + eslots, retracted, aborted)
 
 
 def retract_ratio(running: list[Req]) -> float:

@@ -2,8 +2,10 @@
 
 Input: the step's `Batch` and the runner's logits [K, V] float32 (rows follow `batch.logit_rows`).
 Output: the requests that sampled a token or finished; the scheduler turns them into ReqTokenOut.
-A prefill whose prompt is complete (or a chunk of one) enters the tree at once (`cache_unfinished`), so
-requests deferred for in-batch sharing, and `n > 1` copies, hit it next step.
+Rows [0, num_decode) of the batch are decode rows (sample at once); the others are extend rows: a prompt
+chunk (its prompt logprobs; it samples once the prompt is complete) or a running request's jump-forward
+extend (samples its last row). Extend rows normally entered the tree while planning (same-step sharing);
+one that did not (`tree_len < cached_len`, e.g. `n > 1` copies) enters it here (`cache_unfinished`).
 
 Logprobs are log_softmax of the model's raw logits (before penalties, bias, grammar mask and temperature),
 the same distribution for prompt and output positions.
@@ -12,7 +14,7 @@ Grammar: one packed bitmask for the constrained rows only (`apply_grammar_masks`
 rows' logits; a batch without grammars pays one list scan. A grammar that rejects a token aborts only that
 request. Jump-forward (unless disabled): after a token, text the grammar forces is tokenized and appended at
 once (`req.jump_tokens` = how many), re-tokenized together with the token sampled this step; the scheduler then
-requeues the request so the appended tokens are computed as an extend over its cached prefix. Nothing already
+computes the appended tokens in the next step as an extend row next to the decode rows. Nothing already
 streamed or already in the KV pool is ever replaced, so the client's token stream never needs correcting.
 
 Isolation: any other exception while processing one request's sampled token (a bug, or the testing-only
@@ -74,15 +76,20 @@ class ResultProcessor:
             start, count = batch.logit_rows[b]
             old_cached = req.cached_len
             req.cached_len, req.extend_len = req.seq_len, 0
-            if batch.is_decode:
+            if b < batch.num_decode:
                 samplers.append(req)
                 rows.append(start)
                 continue
             if req.wants_input_logprobs:
                 self._prompt_logprobs(req, old_cached, batch.logit_offsets[b], logits[start : start + count])
-            complete = req.cached_len == len(req.fill_ids)
-            self.kv.cache_unfinished(req)
+            complete = req.cached_len == req.fill_len
+            if req.tree_len < req.cached_len:  # not inserted while planning (see KVManager.cache_planned)
+                self.kv.cache_unfinished(req)
             if not complete:
+                continue
+            if req.prefilled:  # a running request's jump-forward extend, or a readmission after retraction
+                samplers.append(req)
+                rows.append(start + count - 1)
                 continue
             req.prefilled = True
             if req.remaining_new_tokens == 0:

@@ -1,15 +1,20 @@
-"""Prefill admission: which waiting requests join the next prefill batch, and how many tokens each computes.
+"""Prefill admission: which waiting requests join this step's extend rows, and how many tokens each computes.
 
-Budgets for one batch (SGLang's PrefillAdder, reference/sglang.md 2.5):
+Budgets for one step (SGLang's PrefillAdder, reference/sglang.md 2.5; vLLM V1's one token budget):
 - `rem_total`: free + evictable slots, minus the room reserved for running requests' future tokens
   (`min(remaining_new_tokens, CLIP) * new_token_ratio` each); a new request costs its extend tokens plus
   its own reservation. The first request of an otherwise idle scheduler is admitted whenever its prompt fits.
-- `rem_input`: `max_prefill_tokens` new tokens per batch (a lone request may exceed it when chunking is off).
+- `rem_input`: `max_prefill_tokens` new tokens per step (a lone request may exceed it when chunking is off).
 - `rem_chunk`: `chunked_prefill_size`; a longer prompt is cut to what remains and becomes the one in-flight
-  chunked request, continued first in the next steps. Its computed part enters the tree between chunks.
-In-batch prefix sharing: a request that shares a longer prefix with a request already in this batch than
-with the tree is deferred one step, so it hits the tree once that prefix is computed (this is how `n > 1`
-copies of one prompt share one prefill).
+  chunked request, continued first in the next steps.
+In a mixed step the running requests' decode tokens come out of `rem_input` and `rem_chunk` first; prefill
+keeps at least `1 / PREFILL_FLOOR_DIV` of each, so a full decode batch cannot starve the waiting queue.
+
+Same-step prefix sharing: each planned extend enters the radix tree at once (`KVManager.cache_planned`), its
+node locked by its request, so a later request of the same step that shares the prefix matches it and
+extends from those slots: the shared part is computed once. This is exact because the attention backend
+stores every new K/V of a layer before any row attends (kernels/api.py), and the model runs all rows of a
+step in one forward.
 """
 
 from __future__ import annotations
@@ -19,21 +24,22 @@ from typing import NamedTuple
 
 import torch
 
-from radix_cache import RadixCache
 from runtime.config import SchedulerConfig
 from runtime.scheduler.cache import KVManager
-from runtime.scheduler.core import Batch, Req
+from runtime.scheduler.core import Req
 
 CLIP_MAX_NEW_TOKENS = 4096
-IN_BATCH_PREFIX_MIN = 32  # defer when the batch would share at least this many more tokens than the tree
+PREFILL_FLOOR_DIV = 8  # prefill keeps at least budget // 8 tokens of a step, however many requests decode
 
 
 class PrefillPlan(NamedTuple):
-    """`batch`: the prefill batch (None: nothing to prefill); `admitted`: requests taken off the waiting
-    queue; `chunked`: the request whose prompt is still incomplete after this batch (or None);
-    `rejected`: requests that can never fit, with the reason."""
+    """`reqs`, `slots`, `offsets`: the step's prefill rows, their new slots and logit offsets (empty: nothing
+    to prefill); `admitted`: requests taken off the waiting queue; `chunked`: the request whose prompt is still
+    incomplete after this step (or None); `rejected`: requests that can never fit, with the reason."""
 
-    batch: Batch | None
+    reqs: list[Req]
+    slots: list[torch.Tensor]
+    offsets: list[list[int]]
     admitted: list[Req]
     chunked: Req | None
     rejected: list[tuple[Req, str]]
@@ -55,50 +61,56 @@ def logit_offsets(req: Req, n: int) -> list[int]:
     return sorted(offs)
 
 
+def _after_decode(budget: int, decode_tokens: int) -> int:
+    return max(budget - decode_tokens, budget // PREFILL_FLOOR_DIV, 1)
+
+
 class PrefillAdder:
-    def __init__(self, kv: KVManager, cfg: SchedulerConfig, running: list[Req], ratio: float) -> None:
+    """Plans the extend rows of one step. `running`: requests decoding this step (their slots are already
+    allocated); `decode_tokens`: their new tokens, charged to this step's budgets (0 in a prefill-only step)."""
+
+    def __init__(self, kv: KVManager, cfg: SchedulerConfig, running: list[Req], ratio: float,
+                 decode_tokens: int = 0) -> None:
         self.kv = kv
         self.ratio = ratio
         self.idle = not running
         self.max_new_reqs = cfg.max_running_requests - len(running)
         self.reserved = sum(reservation(r, ratio) for r in running)
-        self.rem_input = cfg.max_prefill_tokens
+        self.rem_input = _after_decode(cfg.max_prefill_tokens, decode_tokens)
         chunk = cfg.chunked_prefill_size
-        self.rem_chunk = min(chunk, cfg.max_prefill_tokens) if chunk > 0 else None
+        self.rem_chunk = _after_decode(min(chunk, cfg.max_prefill_tokens), decode_tokens) if chunk > 0 else None
         self.reqs: list[Req] = []
         self.slots: list[torch.Tensor] = []
         self.offsets: list[list[int]] = []
-        self.shadow = RadixCache(page_size=kv.page_size)  # token ids of this batch, for in-batch sharing
 
     def plan(self, chunked: Req | None, ordered: list[Req]) -> PrefillPlan:
         admitted: list[Req] = []
         rejected: list[tuple[Req, str]] = []
         still_chunked = None
         if chunked is not None:
-            n = self._chunk_len(len(chunked.fill_ids) - chunked.cached_len, self.kv.available())
+            n = self._chunk_len(chunked.fill_len - chunked.cached_len, self.kv.available())
             if n <= 0 or not self._add(chunked, n):
-                return PrefillPlan(None, [], chunked, [])
+                return self._plan([], chunked, [])
             self.reserved += reservation(chunked, self.ratio)
-            if chunked.seq_len < len(chunked.fill_ids):
-                return PrefillPlan(self._batch(), [], chunked, [])
+            if chunked.seq_len < chunked.fill_len:
+                return self._plan([], chunked, [])
         for req in ordered:
             if len(self.reqs) >= self.max_new_reqs or self.kv.table.available() == 0:
                 break
-            need = len(req.fill_ids) + (1 if req.remaining_new_tokens else 0)
+            if self.rem_chunk is not None and self.rem_chunk <= 0 or self.rem_input <= 0:
+                break
+            need = req.fill_len + (1 if req.remaining_new_tokens else 0)
             if need > self.kv.total:
                 rejected.append((req, f"request needs {need} KV slots but the pool has {self.kv.total}"))
                 continue
-            cached = self.kv.peek_match(req)
-            extend = len(req.fill_ids) - cached
-            if self._defer_for_sharing(req, cached, extend):
-                continue
+            extend = req.fill_len - self.kv.peek_match(req)
             if extend > self.rem_input and self.reqs and self.rem_chunk is None:
                 break
             if not self.kv.admit(req):
                 break
             # Budget after locking the match (a locked prefix is no longer evictable); the real match can
-            # also be shorter than the peek if this batch evicted part of it.
-            extend = len(req.fill_ids) - req.cached_len
+            # also be shorter than the peek if this step evicted part of it.
+            extend = req.fill_len - req.cached_len
             own = reservation(req, self.ratio)
             alone = self.idle and not self.reqs
             fits = extend + own <= self.rem_total() or (alone and extend <= self.kv.available())
@@ -108,11 +120,10 @@ class PrefillAdder:
                 break
             self.reserved += own
             admitted.append(req)
-            if req.seq_len < len(req.fill_ids):
+            if req.seq_len < req.fill_len:
                 still_chunked = req
                 break
-        batch = self._batch() if self.reqs else None
-        return PrefillPlan(batch, admitted, still_chunked, rejected)
+        return self._plan(admitted, still_chunked, rejected)
 
     def rem_total(self) -> int:
         """Slots new requests may still take: free + evictable minus what is reserved."""
@@ -127,14 +138,6 @@ class PrefillAdder:
             n -= n % self.kv.page_size
         return n
 
-    def _defer_for_sharing(self, req: Req, cached: int, extend: int) -> bool:
-        if not self.reqs or self.kv.tree is None:
-            return False
-        ids = req.fill_ids[: req.match_cap()]
-        shared = self.shadow.match_prefix(ids, record=False).length if ids else 0
-        gain = shared - cached
-        return gain > 0 and (gain >= IN_BATCH_PREFIX_MIN or gain >= extend - 1)
-
     def _add(self, req: Req, n: int) -> bool:
         slots = self.kv.extend(req, n)
         if slots is None:
@@ -145,9 +148,8 @@ class PrefillAdder:
         self.rem_input -= n
         if self.rem_chunk is not None:
             self.rem_chunk -= n
-        ids = req.fill_ids[: req.seq_len]
-        self.shadow.insert(ids, torch.zeros(len(ids), dtype=torch.int64))
+        self.kv.cache_planned(req)
         return True
 
-    def _batch(self) -> Batch:
-        return Batch(list(self.reqs), False, torch.cat(self.slots), list(self.offsets))
+    def _plan(self, admitted: list[Req], chunked: Req | None, rejected: list[tuple[Req, str]]) -> PrefillPlan:
+        return PrefillPlan(self.reqs, self.slots, self.offsets, admitted, chunked, rejected)

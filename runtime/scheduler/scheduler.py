@@ -6,6 +6,12 @@ finished (aborted ones included). Queues: grammar (constraint still compiling) -
 at most one chunked request whose prompt is computed over several steps; retraction moves running
 requests back to waiting. The runner, pools and table come in through the constructor, so tests drive
 the scheduler on CPU with a fake runner.
+
+A step is one `Batch` and one forward: every running request's next token (decode rows, plus the forced
+tokens of a jump-forward) and, under the step's token budget, prefill chunks of waiting requests (extend
+rows). So a running request gets a token every step unless memory forces a retraction; a step in which one
+does not is counted in `stall_steps` by reason. `--disable-mixed-steps` restores separated steps (prefill
+first, decode only when nothing is admitted), for comparison.
 """
 
 from __future__ import annotations
@@ -36,16 +42,19 @@ from runtime.sampling import mix_seed
 from runtime.sampling.params import SamplingParams
 from runtime.scheduler.cache import KVManager
 from runtime.scheduler.core import Batch, Req, finish_abort
-from runtime.scheduler.decode import plan_decode, retract_ratio
+from runtime.scheduler.decode import DecodePlan, plan_decode, retract_ratio
 from runtime.scheduler.output import ResultProcessor
 from runtime.scheduler.policy import order_waiting
-from runtime.scheduler.prefill import PrefillAdder
+from runtime.scheduler.prefill import PrefillAdder, PrefillPlan
 
 log = logging.getLogger(__name__)
 
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
+STALL_REASONS = ("prefill_only", "retraction", "grammar_wait", "other")
+NO_DECODE = DecodePlan([], [], [], [], [])
+NO_PREFILL = PrefillPlan([], [], [], [], None, [])
 
 
 class Runner(Protocol):
@@ -91,6 +100,7 @@ class Scheduler:
                                          token_bytes=token_bytes_fn, fault_rid=env.fault_inject_rid,
                                          fault_at=env.fault_inject_at_token)
         self.policy = cfg.scheduler.schedule_policy
+        self.mixed = not cfg.scheduler.disable_mixed_steps
         self.grammar_queue: list[Req] = []
         self.waiting: list[Req] = []
         self.running: list[Req] = []
@@ -101,7 +111,9 @@ class Scheduler:
         self.min_ratio = self.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
         self.new_token_ratio = self.init_ratio
         self.stats = {"num_retracted_reqs": 0, "prompt_tokens": 0, "cached_tokens": 0, "forward_steps": 0,
-                      "prefill_tokens": 0, "decode_tokens": 0, "jump_forward_steps": 0, "jump_forward_tokens": 0}
+                      "prefill_tokens": 0, "decode_tokens": 0, "jump_forward_steps": 0, "jump_forward_tokens": 0,
+                      "mixed_steps": 0, "stall_steps": 0, **{f"stall_steps_{r}": 0 for r in STALL_REASONS}}
+        self._retracted_now: list[Req] = []
 
     # ---- input ------------------------------------------------------------------------------------------------
     def handle(self, msg: Any) -> FlushCacheOut | InternalStateOut | None:
@@ -162,18 +174,23 @@ class Scheduler:
 
     # ---- the loop ---------------------------------------------------------------------------------------------
     def step(self) -> list[ReqTokenOut]:
-        """One iteration: admit compiled grammars -> schedule (prefill first, else decode) -> forward ->
-        sample and finish -> report. Idle: check the KV invariant and reset the reservation ratio."""
+        """One iteration: admit compiled grammars -> schedule (decode rows, then prefill under the remaining
+        budget) -> forward -> sample and finish -> report. Idle: check the KV invariant and reset the
+        reservation ratio."""
         self._poll_grammars()
+        expect = [(r, len(r.output_ids)) for r in self.running]  # who should get a token this step
+        self._retracted_now = []
         batch = self._schedule()
         if batch is not None:
             logits = self.runner.forward(batch.forward_batch())
             self._count(batch)
+            running = {id(r) for r in self.running}
             for req in self.processor.process(batch, logits):
-                self._after_sample(req, batch.is_decode)
+                self._after_sample(req, id(req) in running)
         elif not self.has_work():
             self.new_token_ratio = self.init_ratio
             self.check_memory(strict=self.cfg.cache.strict_memory_check)
+        self._count_stalls(expect, batch)
         outs, self._outs = self._outs, []
         return outs
 
@@ -182,7 +199,22 @@ class Scheduler:
 
     def _schedule(self) -> Batch | None:
         ordered = order_waiting(self.policy, self.waiting, self.kv.tree)
-        plan = PrefillAdder(self.kv, self.cfg.scheduler, self.running, self.new_token_ratio).plan(self.chunked, ordered)
+        if self.mixed:
+            dplan = self._plan_decode()
+            # After a retraction admit nothing this step: the freed room is for the survivors.
+            pplan = NO_PREFILL if dplan.retracted else self._plan_prefill(ordered, dplan.num_tokens)
+        else:
+            pplan = self._plan_prefill(ordered, 0)
+            dplan = NO_DECODE if pplan.reqs else self._plan_decode()
+        reqs = dplan.decode + dplan.extend + pplan.reqs
+        if not reqs:
+            return None
+        offsets = [[0]] * len(dplan.decode) + [[r.extend_len - 1] for r in dplan.extend] + pplan.offsets
+        return Batch(reqs, len(dplan.decode), torch.cat(dplan.slots + pplan.slots), offsets)
+
+    def _plan_prefill(self, ordered: list[Req], decode_tokens: int) -> PrefillPlan:
+        adder = PrefillAdder(self.kv, self.cfg.scheduler, self.running, self.new_token_ratio, decode_tokens)
+        plan = adder.plan(self.chunked, ordered)
         for req, why in plan.rejected:
             self.waiting.remove(req)
             self._finish_abort(req, why)
@@ -193,12 +225,14 @@ class Scheduler:
                 self.stats["prompt_tokens"] += req.prompt_len
                 self.stats["cached_tokens"] += req.cached_len
         self.chunked = plan.chunked
-        if plan.batch is not None:
-            return plan.batch
+        return plan
+
+    def _plan_decode(self) -> DecodePlan:
         if not self.running:
-            return None
+            return NO_DECODE
         dplan = plan_decode(self.kv, self.running, others_hold_slots=self.chunked is not None)
         if dplan.retracted:
+            self._retracted_now = dplan.retracted
             self.waiting.extend(dplan.retracted)
             self.stats["num_retracted_reqs"] += len(dplan.retracted)
             self.new_token_ratio = max(self.new_token_ratio, retract_ratio(self.running))
@@ -208,30 +242,45 @@ class Scheduler:
             self.new_token_ratio = max(self.min_ratio, self.new_token_ratio - decay)
         for req, why in dplan.aborted:
             self._finish_abort(req, why)
-        return dplan.batch
+        return dplan
 
-    def _after_sample(self, req: Req, was_decode: bool) -> None:
+    def _after_sample(self, req: Req, was_running: bool) -> None:
         if req.finished:
-            if was_decode:
+            if was_running:
                 self.running.remove(req)
             self.kv.release(req)
             self._emit(req)
             return
         jumped = req.jump_tokens
         if jumped:
-            # Jump-forward appended tokens without KV: requeue the request so the next prefill computes them
-            # as an extend over its cached prefix (its KV goes into the tree, like a retraction that keeps it).
+            # Jump-forward appended tokens without KV: the request stays running and computes them in the
+            # next step as an extend row (decode.py), together with everyone else's decode rows.
             req.jump_tokens = 0
             self.stats["jump_forward_steps"] += 1
             self.stats["jump_forward_tokens"] += jumped
-            if was_decode:
-                self.running.remove(req)
-            self.kv.release(req)
-            self.waiting.append(req)
-        elif not was_decode:
+        if not was_running:
             self.running.append(req)
         if len(req.output_ids) - req.sent_len >= self.cfg.scheduler.stream_interval or req.sent_len == 0:
             self._emit(req)
+
+    def _count_stalls(self, expect: list[tuple[Req, int]], batch: Batch | None) -> None:
+        """A stall step: a request running when the step began is still alive and got no token."""
+        served = {id(r) for r in batch.reqs} if batch is not None else set()
+        retracted = {id(r) for r in self._retracted_now}
+        reasons = set()
+        for req, before in expect:
+            if req.finished or len(req.output_ids) > before:
+                continue
+            if id(req) in retracted:
+                reasons.add("retraction")
+            elif id(req) not in served:
+                reasons.add("prefill_only")
+            else:
+                reasons.add("grammar_wait" if req.grammar is not None else "other")
+        if reasons:
+            self.stats["stall_steps"] += 1
+            for r in reasons:
+                self.stats[f"stall_steps_{r}"] += 1
 
     def _poll_grammars(self) -> None:
         timeout = self.cfg.grammar.grammar_compile_timeout
@@ -283,7 +332,10 @@ class Scheduler:
 
     def _count(self, batch: Batch) -> None:
         self.stats["forward_steps"] += 1
-        self.stats["decode_tokens" if batch.is_decode else "prefill_tokens"] += batch.num_tokens
+        extend = batch.extend_tokens
+        self.stats["decode_tokens"] += batch.num_tokens - extend
+        self.stats["prefill_tokens"] += extend
+        self.stats["mixed_steps"] += 0 < batch.num_decode < batch.size
 
     # ---- control ----------------------------------------------------------------------------------------------
     def flush_cache(self) -> FlushCacheOut:
@@ -312,13 +364,16 @@ class Scheduler:
             "decode_tokens": s["decode_tokens"],
             "jump_forward_steps": s["jump_forward_steps"],
             "jump_forward_tokens": s["jump_forward_tokens"],
+            "mixed_steps": s["mixed_steps"],
+            "stall_steps": s["stall_steps"],
+            **{f"stall_steps_{r}": s[f"stall_steps_{r}"] for r in STALL_REASONS},
         }
 
     def check_memory(self, strict: bool = False) -> bool:
         """Slot accounting: free + evictable + locked + request-owned == total (request-owned is 0 when idle).
         Logs a warning naming the numbers, or raises RuntimeError when `strict`. Returns whether it held."""
         live = self.running + ([self.chunked] if self.chunked is not None else [])
-        owned = sum(r.cached_len - r.tree_len for r in live)
+        owned = sum(r.seq_len - r.tree_len for r in live)
         free, ev, lk, total = self.kv.free_size(), self.kv.evictable_size(), self.kv.locked_size(), self.kv.total
         ok = free + ev + lk + owned == total and (live or lk == 0)
         if self.kv.tree is not None and strict:

@@ -88,7 +88,7 @@ def test_model_forward_with_triton_norm_and_rope_matches_ref(smollm_runner) -> N
     try:
         r.req_to_token.write(rows[0], 0, slots[:5])
         r.req_to_token.write(rows[1], 0, slots[5:])
-        fb = ForwardBatch.build(ids, [0, 0], slots, rows, is_decode=False)
+        fb = ForwardBatch.build(ids, [0, 0], slots, rows)
         want = r.forward(fb).clone()
         m = r.model
         m.rmsnorm, m.apply_rope = rmsnorm, apply_rope

@@ -48,7 +48,7 @@ def test_capture_buckets_and_bucket_choice() -> None:
 
 
 def test_pad_decode_metadata_pads_into_the_pad_slot() -> None:
-    fb = ForwardBatch.build([[11], [12], [13]], [4, 9, 2], torch.tensor([40, 41, 42]), [5, 6, 7], is_decode=True)
+    fb = ForwardBatch.build([[11], [12], [13]], [4, 9, 2], torch.tensor([40, 41, 42]), [5, 6, 7], num_decode=3)
     m = pad_decode_metadata(fb, 4, pad_slot=999)
     assert m[:, :3].tolist() == [[11, 12, 13], [4, 9, 2], [40, 41, 42], [5, 6, 7], [5, 10, 3], [4, 9, 2]]
     assert m[:, 3].tolist() == [0, 0, 999, 0, 1, 0]  # token 0 at position 0, seq_len 1, slot = pad slot
@@ -112,7 +112,7 @@ def test_graph_runner_decode_equals_eager_and_touches_only_its_slots(graphed) ->
         batch.owned.append(slots)
         for b in range(3):
             r.req_to_token.write(batch.rows[b], batch.lens[b], slots[b : b + 1])
-        fb = ForwardBatch.build(nxt, list(batch.lens), slots, batch.rows, is_decode=True)
+        fb = ForwardBatch.build(nxt, list(batch.lens), slots, batch.rows, num_decode=len(nxt))
         eager = r.forward(fb).clone()
         k_before = r.pool.k_cache.clone()
         r.graph_runner = gr
@@ -144,9 +144,9 @@ def test_greedy_generation_with_graphs_equals_eager(graphed) -> None:
 
 def test_graph_runner_declines_what_it_cannot_replay(graphed) -> None:
     _, gr = graphed
-    prefill = ForwardBatch.build([[1, 2, 3]], [0], torch.tensor([0, 1, 2]), [0], is_decode=False)
-    big = ForwardBatch.build([[1]] * 5, [3] * 5, torch.arange(5), list(range(5)), is_decode=True)
-    small = ForwardBatch.build([[1]] * 2, [3] * 2, torch.arange(2), [0, 1], is_decode=True)
+    prefill = ForwardBatch.build([[1, 2, 3]], [0], torch.tensor([0, 1, 2]), [0])
+    big = ForwardBatch.build([[1]] * 5, [3] * 5, torch.arange(5), list(range(5)), num_decode=5)
+    small = ForwardBatch.build([[1]] * 2, [3] * 2, torch.arange(2), [0, 1], num_decode=2)
     assert not gr.can_run(prefill) and not gr.can_run(big) and gr.can_run(small)
 
 

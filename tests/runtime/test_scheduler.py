@@ -76,25 +76,31 @@ class FakeRunner:
 
 
 def make(num_slots: int = 512, max_running: int = 8, mode: str = "hash", eos=frozenset(), decode_fn=None,
-         grammar_backend=None, **cfg):
-    table = ReqToTokenTable(max_running, 256)
+         grammar_backend=None, max_context: int = 256, **cfg):
+    table = ReqToTokenTable(max_running, max_context)
     runner = FakeRunner(table, num_slots, mode)
     alloc = PoisonAllocator(num_slots, runner.kv)
     config = make_config(max_total_tokens=num_slots, max_running_requests=max_running,
                          strict_memory_check=True, **cfg)
     sched = Scheduler(runner, alloc, table, config, frozenset(eos), decode_fn, grammar_backend)
+    # Per step: (no extend rows, then the extend rows' rids, cached_len and extend_len); `steps` keeps whole
+    # batches as (num_decode, rids, cached_len, extend_len) over every row.
     batches: list[tuple[bool, list[str], list[int], list[int]]] = []
+    steps: list[tuple[int, list[str], list[int], list[int]]] = []
     orig = sched._schedule
 
     def recording():
         b = orig()
         if b is not None:
-            batches.append((b.is_decode, [r.rid for r in b.reqs], [r.cached_len for r in b.reqs],
-                            [r.extend_len for r in b.reqs]))
+            rows = [(r.rid, r.cached_len, r.extend_len) for r in b.reqs]
+            steps.append((b.num_decode, *map(list, zip(*rows, strict=True))))
+            ext = rows[b.num_decode :]
+            batches.append((not ext, [x[0] for x in ext], [x[1] for x in ext], [x[2] for x in ext]))
         return b
 
     sched._schedule = recording
     sched.batches = batches
+    sched.steps = steps
     return sched, runner
 
 
@@ -302,8 +308,8 @@ def test_n_copies_share_one_prefill():
         sched.handle(gen(f"q_{i}", p, 5))
     res = drain(sched)
     prefills = [(rids, c, e) for dec, rids, c, e in sched.batches if not dec]
-    assert prefills[0] == (["q_0"], [0], [40])
-    assert prefills[1] == (["q_1", "q_2"], [39, 39], [1, 1])
+    # Same step: q_0's planned tokens are in the tree before q_1 and q_2 are matched.
+    assert prefills[0] == (["q_0", "q_1", "q_2"], [0, 39, 39], [40, 1, 1])
     for i in range(3):
         assert res.ids(f"q_{i}") == reference(p, 5)
     assert [res.final(f"q_{i}").cached_tokens for i in range(3)] == [0, 39, 39]

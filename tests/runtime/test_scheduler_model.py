@@ -44,12 +44,15 @@ class Driver:
         sp = SamplingParams(max_new_tokens=max_new, **params)
         self.sched.handle(TokenizedGenerateReq(rid=rid, input_ids=ids, sampling_params=sp))
 
+    def step(self) -> None:
+        for o in self.sched.step():
+            self.outs.setdefault(o.rid, []).append(o)
+
     def run(self) -> None:
         for _ in range(5000):
             if not self.sched.has_work():
                 break
-            for o in self.sched.step():
-                self.outs.setdefault(o.rid, []).append(o)
+            self.step()
         assert not self.sched.has_work()
         self.sched.step()  # idle step: the strict memory check
         assert self.sched.check_memory(strict=True)
@@ -184,3 +187,26 @@ def test_shared_prefix_cascade_decode_equals_uncached(smollm_runner, tok, monkey
     cached, _ = generate(smollm_runner, tok, prompts, max_new=12, waves=[["r0"], ["r1", "r2"]])
     assert calls, "the cascade path was not taken"
     assert cached == plain
+
+
+def test_mixed_steps_give_the_greedy_outputs_of_separated_steps(smollm_runner, tok, prompts, no_cache_outputs):
+    """Requests arriving while another decodes, chunked by 16 tokens: one forward carrying decode rows and
+    extend rows gives the same greedy tokens (float32) as separated prefill and decode steps."""
+    outs, stalls = {}, {}
+    for mixed in (True, False):
+        d = Driver(smollm_runner, tok, chunked_prefill_size=16, disable_mixed_steps=not mixed)
+        try:
+            d.submit("q0", prompts["q0"], 8, ignore_eos=True)
+            for _ in range(3):
+                d.step()
+            for rid in ("q1", "q2"):
+                d.submit(rid, prompts[rid], 8, ignore_eos=True)
+            d.run()
+            outs[mixed] = {rid: d.ids(rid) for rid in prompts}
+            st = d.sched.internal_state()
+            stalls[mixed] = st["stall_steps"]
+            assert (st["mixed_steps"] > 0) == mixed
+        finally:
+            d.close()
+    assert outs[True] == outs[False] == no_cache_outputs
+    assert stalls[True] == 0 < stalls[False]
