@@ -66,6 +66,9 @@ class SchedulerConfig:
     disable_mixed_steps: bool = False
     """Separate prefill and decode steps (prefill first) instead of one mixed step: running requests get no
     token in a step that prefills (counted in the stall_steps metric)."""
+    enable_overlap_schedule: bool = False
+    """Experiment: run each forward on a worker thread while the scheduler loop receives and queues new requests
+    (see bench/results/mixed_steps.md for whether it pays on this machine)."""
     schedule_policy: str = "auto"
     """Waiting-queue order: auto (lpm with the cache, fcfs without), lpm, fcfs or dfs-weight."""
     schedule_conservativeness: float = 1.0

@@ -110,6 +110,12 @@ class Metrics:
                    [("", {}, s.get("cache_hit_rate", 0.0))])
             metric("num_retracted_reqs", "gauge", "Requests retracted to the waiting queue so far.",
                    [("", {}, s.get("num_retracted_reqs", 0))])
+            metric("num_stall_steps_total", "counter",
+                   "Steps in which a running request got no token, by reason (a step may have several).",
+                   [("", {"reason": r}, s.get(f"stall_steps_{r}", 0))
+                    for r in ("prefill_only", "retraction", "grammar_wait", "other")])
+            metric("num_mixed_steps_total", "counter", "Steps carrying both decode and prefill rows.",
+                   [("", {}, s.get("mixed_steps", 0))])
             for key, help_ in (("num_grammar_total", "Constrained requests."),
                                ("num_grammar_cache_hit_total", "Grammar cache hits."),
                                ("num_grammar_timeout_total", "Grammar compiles that timed out.")):

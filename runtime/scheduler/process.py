@@ -5,6 +5,10 @@ factory (`create_scheduler`: model runner, tokenizer, grammar backend; tests swa
 RADIXGEN_SCHEDULER_FACTORY), reports ready, then runs `SchedulerLoop`:
 receive from the TokenizerManager -> `Scheduler.handle` each message -> `Scheduler.step()` -> push the
 step's `BatchTokenOut` to the detokenizer; control replies go straight back to the TokenizerManager.
+
+`--enable-overlap-schedule` (an experiment, off by default; bench/results/mixed_steps.md has the figures):
+the forward runs on a worker thread while the loop thread receives, decodes and queues new requests (control
+messages and aborts wait until the step ends), so arrivals are ready for the next step's plan.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import zmq
@@ -82,6 +87,10 @@ class SchedulerLoop:
         self._recv = Receiver(ctx, ep.scheduler, ToScheduler)
         self._to_detok = Sender(ctx, ep.detokenizer, ToDetokenizer)
         self._to_tm = Sender(ctx, ep.tokenizer, ToTokenizer)
+        cfg = getattr(scheduler, "cfg", None)
+        overlap = cfg is not None and cfg.scheduler.enable_overlap_schedule
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="forward") if overlap else None
+        self._later: list[Any] = []  # messages received during a forward, handled after it
 
     def run(self) -> None:
         s = self.scheduler
@@ -90,18 +99,35 @@ class SchedulerLoop:
             if s.has_work() and not idle_wait:
                 msgs = self._recv.drain()
             else:  # idle: block (1 s slices); busy but nothing came out last step: yield briefly
-                first = self._recv.recv(timeout_ms=1000 if not s.has_work() else 1)
+                wait = 0 if self._later else 1000 if not s.has_work() else 1
+                first = self._recv.recv(timeout_ms=wait)
                 msgs = [] if first is None else [first, *self._recv.drain()]
-                if not msgs and not s.has_work():
+                if not msgs and not self._later and not s.has_work():
                     continue
+            msgs, self._later = self._later + msgs, []
             for msg in msgs:
                 if isinstance(msg, ShutdownReq):
                     return
                 self._handle(msg)
-            outs = s.step()
+            outs = s.step() if self._pool is None else self._overlapped_step()
             if outs:
                 self._to_detok.send(BatchTokenOut(outs=outs))
             idle_wait = not outs
+
+    def _overlapped_step(self) -> list[ReqTokenOut]:
+        """One step with the forward on the worker thread; meanwhile new requests are received and queued."""
+        s = self.scheduler
+        batch = s.begin_step()
+        if batch is None:
+            return s.end_step(None, None)
+        fut = self._pool.submit(s.runner.forward, batch.forward_batch())
+        while not fut.done():
+            msg = self._recv.recv(timeout_ms=1)
+            if isinstance(msg, TokenizedGenerateReq):
+                self._handle(msg)  # only appends to the waiting or grammar queue: safe during the forward
+            elif msg is not None:
+                self._later.append(msg)
+        return s.end_step(batch, fut.result())
 
     def _handle(self, msg: Any) -> None:
         try:

@@ -114,6 +114,7 @@ class Scheduler:
                       "prefill_tokens": 0, "decode_tokens": 0, "jump_forward_steps": 0, "jump_forward_tokens": 0,
                       "mixed_steps": 0, "stall_steps": 0, **{f"stall_steps_{r}": 0 for r in STALL_REASONS}}
         self._retracted_now: list[Req] = []
+        self._expect: list[tuple[Req, int]] = []
 
     # ---- input ------------------------------------------------------------------------------------------------
     def handle(self, msg: Any) -> FlushCacheOut | InternalStateOut | None:
@@ -177,12 +178,21 @@ class Scheduler:
         """One iteration: admit compiled grammars -> schedule (decode rows, then prefill under the remaining
         budget) -> forward -> sample and finish -> report. Idle: check the KV invariant and reset the
         reservation ratio."""
+        batch = self.begin_step()
+        logits = self.runner.forward(batch.forward_batch()) if batch is not None else None
+        return self.end_step(batch, logits)
+
+    def begin_step(self) -> Batch | None:
+        """The host half before the forward: poll grammars and plan this step's batch (None: nothing to run).
+        `end_step` must follow before any other call that changes requests (handle may add new ones)."""
         self._poll_grammars()
-        expect = [(r, len(r.output_ids)) for r in self.running]  # who should get a token this step
+        self._expect = [(r, len(r.output_ids)) for r in self.running]  # who should get a token this step
         self._retracted_now = []
-        batch = self._schedule()
+        return self._schedule()
+
+    def end_step(self, batch: Batch | None, logits: torch.Tensor | None) -> list[ReqTokenOut]:
+        """The host half after the forward: sample, finish, count; returns the step's outputs."""
         if batch is not None:
-            logits = self.runner.forward(batch.forward_batch())
             self._count(batch)
             running = {id(r) for r in self.running}
             for req in self.processor.process(batch, logits):
@@ -190,7 +200,7 @@ class Scheduler:
         elif not self.has_work():
             self.new_token_ratio = self.init_ratio
             self.check_memory(strict=self.cfg.cache.strict_memory_check)
-        self._count_stalls(expect, batch)
+        self._count_stalls(self._expect, batch)
         outs, self._outs = self._outs, []
         return outs
 

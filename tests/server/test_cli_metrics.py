@@ -51,7 +51,7 @@ def test_metrics_text_format_and_cumulative_buckets():
     m.on_finish(1.2, 10, 5, 4, "length")
     m.on_http("/generate", 200)
     text = m.render("radixgen", "smol", {"num_running_reqs": 2, "max_total_num_tokens": 100, "kv_free_slots": 60,
-                                          "kv_evictable_slots": 20})
+                                          "kv_evictable_slots": 20, "stall_steps_retraction": 3})
     line = re.compile(r'^radixgen:[a-z0-9_]+\{[^}]*\} -?[0-9.e+-]+$|^# (HELP|TYPE) radixgen:[a-z0-9_]+ .+$')
     assert all(line.match(x) for x in text.strip().splitlines()), [x for x in text.splitlines() if not line.match(x)]
     assert 'radixgen:num_running_reqs{model_name="smol"} 2' in text
@@ -60,6 +60,7 @@ def test_metrics_text_format_and_cumulative_buckets():
     assert 'radixgen:time_to_first_token_seconds_bucket{model_name="smol",le="+Inf"} 2' in text
     assert 'radixgen:inter_token_latency_seconds_count{model_name="smol"} 2' in text
     assert 'radixgen:generation_tokens_total{model_name="smol"} 5' in text
+    assert 'radixgen:num_stall_steps_total{model_name="smol",reason="retraction"} 3' in text
     assert m.render("sglang:", "smol", None).count("sglang:num_queue_reqs{") == 1
 
 
