@@ -12,6 +12,10 @@ continuations, jump-forward extends), their tokens following in row order. `forw
 through `decode` and the extend rows through `extend`; a backend without a split path may treat a decode row
 as an extend row of length 1 (exact, only slower), which is what the base class does for mixed steps.
 
+Same-step sharing (runtime/scheduler/prefill.py): an extend row's prefix may include slots that an earlier
+extend row of the same step writes (32 questions over a document computed in that step), so a backend stores
+every extend row's new K/V before any extend row attends (decode rows never read another row's new slots).
+
 Pool layout: `k_cache`, `v_cache` are `[num_layers, num_slots, num_kv_heads, head_dim]`.
 Slot 0.. are real slots; a page of size P holds slots [p*P, (p+1)*P).
 """
