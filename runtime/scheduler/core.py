@@ -88,6 +88,15 @@ class Req:
         """Every token known so far: prompt plus output."""
         return self.origin_input_ids + self.output_ids
 
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """fill_ids[start:end] without building fill_ids (a decode row reads one token of a long sequence)."""
+        p = len(self.origin_input_ids)
+        if end <= p:
+            return self.origin_input_ids[start:end]
+        if start >= p:
+            return self.output_ids[start - p : end - p]
+        return self.origin_input_ids[start:] + self.output_ids[: end - p]
+
     @property
     def fill_len(self) -> int:
         """len(fill_ids), without building the list."""
@@ -177,7 +186,7 @@ class Batch:
         """Immutable tensor view for the runner (the table rows were already written by the scheduler)."""
         ids, indices, start = [], [], 0
         for req, offs in zip(self.reqs, self.logit_offsets, strict=True):
-            ids.append(req.fill_ids[req.cached_len : req.seq_len])
+            ids.append(req.token_slice(req.cached_len, req.seq_len))
             indices.extend(start + o for o in offs)
             start += req.extend_len
         return ForwardBatch.build(
