@@ -14,6 +14,7 @@ from typing import Any
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0)
+FINISH_REASONS = ("stop", "length", "abort")  # the scheduler's finish types
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
 
 
@@ -126,13 +127,16 @@ class Metrics:
                    [("", {}, self.generation_tokens)])
             metric("cached_tokens_total", "counter", "Prompt tokens served from the prefix cache.",
                    [("", {}, self.cached_tokens)])
+            # Label sets never change between scrapes (Prometheus clients and sglang-router's /engine_metrics
+            # refuse a family whose samples disagree on label names): every finish reason from the start,
+            # and no sample at all before the first HTTP response rather than an unlabelled one.
+            reasons = {**dict.fromkeys(FINISH_REASONS, 0), **self.requests}
             metric("num_requests_total", "counter", "Finished requests by finish reason.",
-                   [("", {"finish_reason": k}, v) for k, v in sorted(self.requests.items())] or [("", {}, 0)])
+                   [("", {"finish_reason": k}, v) for k, v in sorted(reasons.items())])
             metric("num_aborted_requests_total", "counter", "Aborted requests.",
                    [("", {}, self.requests.get("abort", 0))])
             metric("http_requests_total", "counter", "HTTP responses by route and status.",
-                   [("", {"route": r, "status": str(c)}, v) for (r, c), v in sorted(self.http.items())]
-                   or [("", {}, 0)])
+                   [("", {"route": r, "status": str(c)}, v) for (r, c), v in sorted(self.http.items())])
             metric("num_rejected_requests_total", "counter", "Requests refused with 503 (overload, not ready).",
                    [("", {}, self.rejected)])
             hist("time_to_first_token_seconds", "Time to first token.", self.ttft)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
+from runtime.models.loader import read_model_type
 from runtime.tokenizer.generate_input import GenerateRequest, RequestError, normalize_generate
 from runtime.tokenizer.manager import RequestHandle
 from server.app import JSON, SSE_DONE, get_state, sse
@@ -117,15 +119,34 @@ async def health_generate(request: Request) -> Response:
     return JSON({})
 
 
+@functools.lru_cache(maxsize=4)
+def _model_type(model_path: str) -> tuple[str | None, list[str] | None]:
+    return read_model_type(model_path)
+
+
 @router.get("/get_model_info")
+@router.get("/model_info")
 async def get_model_info(request: Request) -> Response:
     state = get_state(request)
     tm = state.require_tm()
     cfg = state.config_info
+    model_type, architectures = await asyncio.to_thread(_model_type, state.model_path)
     return JSON({"model_path": state.model_path, "tokenizer_path": cfg.get("tokenizer_path") or state.model_path,
                  "served_model_name": state.served_model_name, "is_generation": True,
+                 "model_type": model_type, "architectures": architectures,
                  "max_context_length": tm.context_len, "vocab_size": tm.vocab_size,
                  "preferred_sampling_params": None, "weight_version": "default"})
+
+
+@router.get("/get_load")
+async def get_load(request: Request) -> Response:
+    """SGLang's load report (what sglang-router's power_of_two policy and /get_loads read), one entry per
+    data-parallel rank: requests held (running + waiting), waiting requests, and tokens = KV slots held by
+    requests (neither free nor evictable cache) + prompt tokens still waiting for admission."""
+    s = await get_state(request).require_tm().get_internal_state(timeout=5.0)
+    used = s["max_total_num_tokens"] - s["kv_free_slots"] - s["kv_evictable_slots"]
+    return JSON([{"dp_rank": 0, "num_reqs": s["num_running_reqs"] + s["num_waiting_reqs"],
+                  "num_waiting_reqs": s["num_waiting_reqs"], "num_tokens": used + s["num_waiting_tokens"]}])
 
 
 @router.get("/get_server_info")

@@ -150,6 +150,26 @@ def _load_safetensors_dir(path: str, dtype: torch.dtype, progress: bool) -> tupl
     return arch, weights
 
 
+_GGUF_HF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def read_model_type(path: str) -> tuple[str | None, list[str] | None]:
+    """(model_type, architectures) as Hugging Face names them: config.json's fields, or for a GGUF file its
+    `general.architecture` and the matching HF class name (None where the file does not say)."""
+    if path.endswith(".gguf"):
+        import gguf
+
+        fields = gguf.GGUFReader(path).fields
+        arch = fields["general.architecture"].contents() if "general.architecture" in fields else None
+        return arch, ([_GGUF_HF_ARCH[arch]] if arch in _GGUF_HF_ARCH else None)
+    file = os.path.join(path, "config.json")
+    if not os.path.exists(file):
+        return None, None
+    with open(file) as fh:
+        cfg = json.load(fh)
+    return cfg.get("model_type"), cfg.get("architectures")
+
+
 def read_eos_ids(path: str) -> frozenset[int]:
     """EOS ids the model declares: GGUF metadata, or config.json joined with generation_config.json."""
     ids: set[int] = set()

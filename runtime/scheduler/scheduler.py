@@ -360,6 +360,8 @@ class Scheduler:
             "num_running_reqs": len(self.running) + (self.chunked is not None),
             "num_waiting_reqs": len(self.waiting) + len(self.grammar_queue),
             "num_grammar_queue_reqs": len(self.grammar_queue),
+            # prompt tokens of the not-yet-admitted requests (what /get_load adds to the used slots)
+            "num_waiting_tokens": sum(len(r.origin_input_ids) for r in (*self.waiting, *self.grammar_queue)),
             "max_total_num_tokens": self.kv.total,
             "kv_free_slots": self.kv.free_size(),
             "kv_evictable_slots": self.kv.evictable_size(),

@@ -96,6 +96,7 @@ class FakeScheduler:
 
     def internal_state(self) -> dict[str, Any]:
         return {"num_running_reqs": len(self.running), "num_waiting_reqs": len(self.waiting),
+                "num_waiting_tokens": sum(len(r.msg.input_ids) for r in self.waiting),
                 "max_total_num_tokens": TOTAL_SLOTS, "kv_free_slots": self.free, "kv_evictable_slots": 0,
                 "kv_locked_slots": 0, "cache_hit_rate": 0.0, "num_retracted_reqs": 0}
 

@@ -4,11 +4,17 @@ and info routes the router polls, and metric label sets stable from the first sc
 
 from __future__ import annotations
 
+import concurrent.futures
+import re
+import time
+
+import httpx
 import pytest
 
 from runtime.config import Config
 from runtime.tokenizer.generate_input import RequestError
 from server.app import ServerState
+from server.metrics import Metrics
 from server.openai.common import check_model
 from tests.server.conftest import ServerProc
 
@@ -18,11 +24,55 @@ M = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture(scope="module")
 def server():
-    s = ServerProc("--served-model-name", "smol", "--log-level", "warning", fake=True)
+    s = ServerProc("--served-model-name", "smol", "--metrics-prefix", "sglang", "--log-level", "warning", fake=True)
     try:
         yield s.wait_ready()
     finally:
         s.stop()
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? \S+$")
+
+
+def label_names(text: str) -> dict[str, set[frozenset[str]]]:
+    """Sample name -> the label-name sets its samples carry (one set per name when the family is stable)."""
+    out: dict[str, set[frozenset[str]]] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            m = _SAMPLE.match(line)
+            assert m, line
+            names = frozenset(kv.split("=", 1)[0] for kv in m.group(2).split(",")) if m.group(2) else frozenset()
+            out.setdefault(m.group(1), set()).add(names)
+    return out
+
+
+def test_metric_label_names_agree_from_the_first_scrape(server):
+    """Must run first on the module's server: its first scrape, before any request finished."""
+    with server.client() as c:
+        first = c.get("/metrics").text
+        assert c.post("/generate", json={"text": "a b", "sampling_params": {"max_new_tokens": 2}}).status_code == 200
+        later = c.get("/metrics").text
+    before, after = label_names(first), label_names(later)
+    assert all(len(v) == 1 for v in (*before.values(), *after.values())), (before, after)
+    for name, labels in before.items():
+        assert after[name] == labels, name
+    # no unlabelled sample in a family that later has labels: the request counters start per finish reason
+    assert before["sglang:num_requests_total"] == {frozenset({"model_name", "finish_reason"})}
+    for reason in ("stop", "length", "abort"):
+        assert f'sglang:num_requests_total{{model_name="smol",finish_reason="{reason}"}} 0' in first
+    assert 'sglang:num_requests_total{model_name="smol",finish_reason="length"} 1' in later
+    assert "sglang:http_requests_total{" not in first
+    assert 'sglang:http_requests_total{model_name="smol",route="/generate",status="200"} 1' in later
+
+
+def test_metrics_label_names_unit():
+    m = Metrics()
+    before = label_names(m.render("sglang", "smol", None))
+    m.on_finish(1.0, 3, 2, 0, "stop")
+    m.on_http("/generate", 200)
+    after = label_names(m.render("sglang", "smol", None))
+    assert before.keys() <= after.keys() and all(after[k] == v for k, v in before.items())
+    assert all(len(v) == 1 for v in after.values())
 
 
 STATE = ServerState(cfg=Config(), model_path="/models/SmolLM2.gguf", served_model_name="smol")
@@ -60,3 +110,44 @@ def test_model_names_end_to_end(server):
         assert r.status_code == 200 and r.json()["model"] == "smol"
         r = c.post(CHAT, json={"model": "gpt-4", "messages": M, "max_tokens": 2})
         assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_model_info_aliases_with_model_type(server):
+    with server.client() as c:
+        info = c.get("/get_model_info").json()
+        assert c.get("/model_info").json() == info
+        assert info["model_type"] == "llama" and info["architectures"] == ["LlamaForCausalLM"]  # SmolLM2 GGUF
+        assert info["served_model_name"] == "smol" and info["max_context_length"] == 2048
+        si, alias = c.get("/get_server_info").json(), c.get("/server_info").json()
+        assert alias.keys() == si.keys() and alias["served_model_name"] == si["served_model_name"] == "smol"
+
+
+def _load(c: httpx.Client) -> dict:
+    r = c.get("/get_load")
+    assert r.status_code == 200, r.text
+    (entry,) = r.json()
+    assert entry.keys() == {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"} and entry["dp_rank"] == 0
+    return entry
+
+
+def test_get_load_counts_the_schedulers_requests_and_tokens(server):
+    """The echo scheduler holds prompt + max_new_tokens slots per running request out of 4096: two requests
+    of 4 + 1500 run (3008 slots), the third waits (4 prompt tokens), so the load is 3 requests, 1 waiting,
+    3012 tokens; after abort_all it is back to zero."""
+    body = {"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 1500}}
+    with server.client(timeout=120) as c, concurrent.futures.ThreadPoolExecutor(3) as pool:
+        assert _load(c) == {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}
+
+        def one() -> dict:
+            with server.client(timeout=120) as cc:
+                return cc.post("/generate", json=body).json()
+
+        futs = [pool.submit(one) for _ in range(3)]
+        deadline = time.monotonic() + 30
+        while (load := _load(c))["num_reqs"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert load == {"dp_rank": 0, "num_reqs": 3, "num_waiting_reqs": 1, "num_tokens": 2 * 1504 + 4}
+        assert c.post("/abort_request", json={"abort_all": True}).status_code == 200
+        reasons = [f.result()["meta_info"]["finish_reason"]["type"] for f in futs]
+        assert reasons == ["abort"] * 3
+        assert _load(c) == {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}
