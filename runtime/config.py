@@ -107,8 +107,8 @@ class ServerConfig:
     """Logging level."""
     enable_metrics: bool = True
     """Serve Prometheus metrics on /metrics."""
-    metrics_prefix: str = "radixgen"
-    """Prefix of metric names (sglang keeps SGLang dashboards working)."""
+    metrics_prefix: str = "sglang"
+    """Prefix of metric names: SGLang's by default, so its dashboards and sglang-router read them."""
     enable_cache_report: bool = True
     """Report usage.prompt_tokens_details.cached_tokens on the OpenAI routes."""
     max_body_bytes: int = 8 * 1024 * 1024

@@ -1,6 +1,8 @@
-"""Prometheus metrics in the text exposition format, named like SGLang's under a configurable prefix.
+"""Prometheus metrics in the text exposition format, named like SGLang's (`sglang:` by default, so SGLang
+dashboards and sglang-router read them; `--metrics-prefix` changes it).
 
-Request timings arrive from the TokenizerManager (`Metrics` is its StatsSink); HTTP outcomes from the app;
+Request timings and delivered tokens (`gen_throughput`) arrive from the TokenizerManager (`Metrics` is its
+StatsSink); HTTP outcomes from the app;
 gauges (running, queued, token usage, cache hit rate, retractions, grammar counters) are read from the
 scheduler's internal state at scrape time. Every sample carries the `model_name` label.
 """
@@ -9,11 +11,14 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections import defaultdict
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
 from typing import Any
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0)
+GEN_WINDOW_S = 10.0  # the window of sglang:gen_throughput
 FINISH_REASONS = ("stop", "length", "abort")  # the scheduler's finish types
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
 
@@ -41,8 +46,11 @@ def _labels(d: dict[str, str]) -> str:
 class Metrics:
     """Counters and histograms of one server process (thread-safe; the Engine has none)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
+        self._clock = clock
+        self._started = clock()
+        self._generated: deque[tuple[float, int]] = deque()  # (delivery time, tokens) within GEN_WINDOW_S
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
@@ -61,6 +69,24 @@ class Metrics:
     def on_tokens(self, gap: float, num_tokens: int) -> None:
         with self._lock:
             self.itl.observe(gap / max(1, num_tokens), max(1, num_tokens))
+
+    def on_generated(self, num_tokens: int) -> None:
+        with self._lock:
+            now = self._clock()
+            self._generated.append((now, num_tokens))
+            self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        while self._generated and self._generated[0][0] <= now - GEN_WINDOW_S:
+            self._generated.popleft()
+
+    def gen_throughput(self) -> float:
+        """Output tokens per second delivered over the last GEN_WINDOW_S seconds (or since start, if sooner)."""
+        with self._lock:
+            now = self._clock()
+            self._trim(now)
+            window = min(GEN_WINDOW_S, now - self._started)
+            return sum(n for _, n in self._generated) / window if window > 0 else 0.0
 
     def on_finish(self, e2e: float, prompt_tokens: int, completion_tokens: int, cached_tokens: int,
                   finish_type: str) -> None:
@@ -100,10 +126,15 @@ class Metrics:
         s = state or {}
         total = s.get("max_total_num_tokens") or 0
         used = total - s.get("kv_free_slots", total) - s.get("kv_evictable_slots", 0) if total else 0
+        throughput = self.gen_throughput()
         with self._lock:
             metric("num_running_reqs", "gauge", "Requests decoding or prefilling.",
                    [("", {}, s.get("num_running_reqs", 0))])
             metric("num_queue_reqs", "gauge", "Requests in the waiting queue.", [("", {}, s.get("num_waiting_reqs", 0))])
+            metric("num_grammar_queue_reqs", "gauge", "Requests waiting for their grammar to compile.",
+                   [("", {}, s.get("num_grammar_queue_reqs", 0))])
+            metric("gen_throughput", "gauge", f"Output tokens per second over the last {GEN_WINDOW_S:g} s.",
+                   [("", {}, throughput)])
             metric("num_used_tokens", "gauge", "KV slots held by running requests.", [("", {}, used)])
             metric("token_usage", "gauge", "Fraction of KV slots held by running requests.",
                    [("", {}, used / total if total else 0.0)])

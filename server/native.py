@@ -1,5 +1,5 @@
-"""SGLang's native HTTP API (shared/REFERENCE.md): /generate, health, model and server info, cache flush,
-abort, metrics.
+"""SGLang's native HTTP API (shared/REFERENCE.md): /generate, health, model and server info, load, version,
+cache flush, abort, metrics.
 
 A request's life here: read strict JSON -> `normalize_generate` -> `TokenizerManager.submit_many`
 (validation errors become 400 before anything reaches the scheduler) -> stream SSE chunks or wait for the
@@ -160,6 +160,11 @@ async def get_server_info(request: Request) -> Response:
                 max_req_input_len=tm.context_len - 1, context_length=tm.context_len,
                 internal_states=[internal], version=_version())
     return JSON(info)
+
+
+@router.get("/version")
+async def version() -> Response:
+    return JSON({"version": _version()})
 
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])

@@ -53,6 +53,7 @@ class StatsSink(Protocol):
 
     def on_first_token(self, ttft: float) -> None: ...
     def on_tokens(self, gap: float, num_tokens: int) -> None: ...
+    def on_generated(self, num_tokens: int) -> None: ...
     def on_finish(self, e2e: float, prompt_tokens: int, completion_tokens: int, cached_tokens: int,
                   finish_type: str) -> None: ...
 
@@ -386,6 +387,7 @@ class TokenizerManager:
         if out.input_logprobs is not None:
             st.in_lp, st.in_top = out.input_logprobs, out.input_top_logprobs
         if out.new_ids and self.stats is not None:
+            self.stats.on_generated(len(out.new_ids))
             if st.last_token_at is None:
                 self.stats.on_first_token(now - st.created)
             else:

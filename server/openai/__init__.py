@@ -1,4 +1,5 @@
-"""The OpenAI-compatible API (shared/REFERENCE.md): /v1/chat/completions, /v1/completions, /v1/models.
+"""The OpenAI-compatible API (shared/REFERENCE.md): /v1/chat/completions, /v1/completions, /v1/models, and
+SGLang's /tokenize and /detokenize (also under /v1/).
 
 Modules: `params` (body validation and the OpenAI -> sampling-params mapping), `tools` (tool prompts,
 tool_choice constraints, parsing calls), `logprobs` (OpenAI's logprob shapes), `common` (model check,
@@ -14,10 +15,12 @@ from fastapi import APIRouter
 from server.openai.chat import router as _chat
 from server.openai.completions import router as _completions
 from server.openai.models import router as _models
+from server.openai.tokenize import router as _tokenize
 
 router = APIRouter()
 router.include_router(_chat)
 router.include_router(_completions)
 router.include_router(_models)
+router.include_router(_tokenize)
 
 __all__ = ["router"]

@@ -271,8 +271,8 @@ def test_info_routes_flush_and_metrics(server):
         for name in ("num_running_reqs", "num_queue_reqs", "token_usage", "cache_hit_rate",
                      "time_to_first_token_seconds_bucket", "inter_token_latency_seconds_count",
                      "e2e_request_latency_seconds_sum", "prompt_tokens_total", "generation_tokens_total",
-                     "num_retracted_reqs"):
-            assert f"radixgen:{name}{{" in text, name
+                     "num_retracted_reqs", "gen_throughput", "num_grammar_queue_reqs"):
+            assert f"sglang:{name}{{" in text, name  # SGLang's names by default
         assert 'model_name="' in text
 
 

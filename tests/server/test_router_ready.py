@@ -1,6 +1,7 @@
 """What clients and sglang-router send a worker, on one model-free server (the echo scheduler of
 tests/server/fake_scheduler.py, real tokenizer): the `model` names served as the default model, the load
-and info routes the router polls, and metric label sets stable from the first scrape."""
+and info routes the router polls, SGLang's metric names with label sets stable from the first scrape, and
+/version, /tokenize, /detokenize in SGLang's shapes."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ M = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture(scope="module")
 def server():
-    s = ServerProc("--served-model-name", "smol", "--metrics-prefix", "sglang", "--log-level", "warning", fake=True)
+    s = ServerProc("--served-model-name", "smol", "--log-level", "warning", fake=True)  # SGLang's metric names
     try:
         yield s.wait_ready()
     finally:
@@ -151,3 +152,83 @@ def test_get_load_counts_the_schedulers_requests_and_tokens(server):
         reasons = [f.result()["meta_info"]["finish_reason"]["type"] for f in futs]
         assert reasons == ["abort"] * 3
         assert _load(c) == {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}
+
+
+def test_gen_throughput_is_tokens_delivered_over_the_last_window():
+    now = [100.0]
+    m = Metrics(clock=lambda: now[0])
+    assert m.gen_throughput() == 0.0
+    now[0] = 102.0
+    m.on_generated(30)
+    assert m.gen_throughput() == 15.0          # 30 tokens in the 2 s since start
+    now[0] = 108.0
+    m.on_generated(50)
+    assert m.gen_throughput() == 10.0          # 80 tokens in 8 s
+    now[0] = 113.0
+    assert m.gen_throughput() == 5.0           # the window is 10 s: the 30 at t=102 fell out
+    now[0] = 200.0
+    assert m.gen_throughput() == 0.0
+    assert 'sglang:gen_throughput{model_name="smol"} 0' in m.render("sglang", "smol", None)
+
+
+def test_sglang_metric_names_by_default_with_gen_throughput(server):
+    with server.client() as c:
+        r = c.post("/generate", json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 40}})
+        assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 40
+        text = c.get("/metrics").text
+    assert "radixgen:" not in text
+    (line,) = [x for x in text.splitlines() if x.startswith("sglang:gen_throughput{")]
+    assert float(line.split()[-1]) > 0
+    assert 'sglang:num_grammar_queue_reqs{model_name="smol"} 0' in text
+
+
+def test_version(server):
+    from importlib.metadata import version
+
+    with server.client() as c:
+        r = c.get("/version")
+        info_version = c.get("/get_server_info").json()["version"]
+    assert r.status_code == 200 and r.json() == {"version": version("radixgen")} == {"version": info_version}
+
+
+def test_tokenize_detokenize_round_trip(server):
+    with server.client() as c:
+        r = c.post("/tokenize", json={"prompt": "Hello world, how are you?"})
+        assert r.status_code == 200, r.text
+        tok = r.json()
+        assert tok.keys() == {"tokens", "count", "max_model_len"}
+        ids = tok["tokens"]
+        assert tok["count"] == len(ids) > 0 and tok["max_model_len"] == 2048
+        # the echo scheduler outputs the prompt's own token ids: the server's tokenizer agrees with /tokenize
+        echo = c.post("/generate", json={"text": "Hello world, how are you?",
+                                         "sampling_params": {"max_new_tokens": len(ids)}}).json()
+        assert echo["output_ids"] == ids
+        assert c.post("/v1/tokenize", json={"model": "default", "prompt": "Hello world, how are you?"}).json() == tok
+        assert c.post("/detokenize", json={"tokens": ids}).json() == {"text": "Hello world, how are you?"}
+        batch = c.post("/tokenize", json={"prompt": ["a b", "Hello world, how are you?"]}).json()
+        assert batch["tokens"][1] == ids and batch["count"] == [len(batch["tokens"][0]), len(ids)]
+        texts = c.post("/v1/detokenize", json={"tokens": batch["tokens"]}).json()
+        assert texts == {"text": ["a b", "Hello world, how are you?"]}
+        (start,) = c.post("/tokenize", json={"prompt": "<|im_start|>"}).json()["tokens"]
+        kept = c.post("/detokenize", json={"tokens": [start, *ids], "skip_special_tokens": False}).json()
+        assert kept == {"text": "<|im_start|>Hello world, how are you?"}
+        assert c.post("/detokenize", json={"tokens": [start, *ids]}).json() == {"text": "Hello world, how are you?"}
+        assert c.post("/detokenize", json={"tokens": []}).json() == {"text": ""}
+
+
+@pytest.mark.parametrize("route, body, status, param", [
+    ("/tokenize", {}, 400, "prompt"),
+    ("/tokenize", {"prompt": 5}, 400, "prompt"),
+    ("/tokenize", {"prompt": "x", "add_special_tokens": "yes"}, 400, "add_special_tokens"),
+    ("/tokenize", {"prompt": "x", "model": "gpt-4"}, 404, "model"),
+    ("/detokenize", {}, 400, "tokens"),
+    ("/detokenize", {"tokens": ["a"]}, 400, "tokens"),
+    ("/detokenize", {"tokens": [1.5]}, 400, "tokens"),
+    ("/detokenize", {"tokens": [49152]}, 400, "tokens"),
+    ("/detokenize", {"tokens": [[1], "x"]}, 400, "tokens"),
+])
+def test_tokenize_detokenize_refuse_bad_bodies(server, route, body, status, param):
+    with server.client() as c:
+        r = c.post(route, json=body)
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["param"] == param

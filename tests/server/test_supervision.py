@@ -104,9 +104,9 @@ KEY = {"Authorization": "Bearer sekrit"}
 
 @pytest.fixture(scope="module")
 def guarded():
-    """One fake-scheduler server with an API key, SGLang metric names and a tiny queue bound."""
+    """One fake-scheduler server with an API key, metric names under --metrics-prefix and a tiny queue bound."""
     s = ServerProc("--max-running-requests", "1", "--max-queued-requests", "1", "--api-key", "sekrit",
-                   "--metrics-prefix", "sglang", fake=True)
+                   "--metrics-prefix", "radixgen", fake=True)
     try:
         yield s.wait_ready()
     finally:
@@ -127,11 +127,11 @@ def test_api_key_required_except_on_health_and_metrics(guarded):
         assert "api_key" not in c.get("/get_server_info", headers=KEY).json()
 
 
-def test_metrics_prefix_switches_to_sglang_names(guarded):
+def test_metrics_prefix_switches_the_names(guarded):
     with guarded.client() as c:
         text = c.get("/metrics").text
-    assert "sglang:num_running_reqs{" in text and "sglang:generation_tokens_total{" in text
-    assert "radixgen:" not in text
+    assert "radixgen:num_running_reqs{" in text and "radixgen:generation_tokens_total{" in text
+    assert "sglang:" not in text
 
 
 def test_a_request_that_fails_in_the_scheduler_aborts_only_itself(guarded):
