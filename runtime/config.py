@@ -25,7 +25,7 @@ class ModelConfig:
     device: str = "auto"
     """Device to run on: auto, cpu or cuda."""
     context_length: int | None = None
-    """Override the model's maximum context length."""
+    """Lower the model's maximum context length; it can only lower it (a larger value is capped at the model's)."""
     attention_backend: str = "auto"
     """Attention kernels: auto, cpu, torch, triton or flashinfer (auto: flashinfer/triton on CUDA; on CPU the
     native cpu kernels, compiled on first use, falling back to torch with a warning when they cannot be built)."""

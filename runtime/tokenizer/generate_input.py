@@ -5,7 +5,8 @@ Shapes accepted (SGLang's GenerateReqInput): `text` str | list[str], or `input_i
 list[list[int]]; `sampling_params` dict | list[dict] | null; `rid` str | list[str]; `stream` bool;
 `return_logprob`, `logprob_start_len`, `top_logprobs_num` a scalar or one per prompt;
 `return_text_in_logprobs` bool. `null` anywhere means the default. Unknown keys are ignored (SGLang clients
-send many optional fields).
+send many optional fields), but the keys that change a request's meaning (`image_data`, `lora_path`,
+`return_hidden_states`, `custom_logit_processor`) are a 400 naming the key until supported.
 """
 
 from __future__ import annotations
@@ -92,10 +93,29 @@ def _prompts(body: dict) -> tuple[list[str | None], list[list[int] | None], bool
     raise RequestError("either text or input_ids is required", "text", "missing_required_parameter")
 
 
+# SGLang /generate keys that change what a request means and that radixgen does not serve: refused (400 naming
+# the key) rather than dropped, so no client gets a text-only, base-model, logits-unprocessed answer unawares.
+# null / false / "" mean "not asked" and pass.
+UNSUPPORTED_GENERATE_KEYS = {
+    "image_data": "image inputs are not supported (text-only models)",
+    "lora_path": "LoRA adapters are not supported",
+    "return_hidden_states": "returning hidden states is not supported",
+    "custom_logit_processor": "custom logit processors are not supported",
+}
+
+
+def refuse_unsupported(body: dict) -> None:
+    for key, why in UNSUPPORTED_GENERATE_KEYS.items():
+        value = body.get(key)
+        if value is not None and value is not False and value != "" and value != []:
+            raise RequestError(f"'{key}': {why}", key, "unsupported_parameter")
+
+
 def normalize_generate(body: Any) -> tuple[list[GenerateRequest], bool]:
     """Split a generate body into per-prompt requests; returns (requests, is_batch)."""
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object", None, "invalid_type")
+    refuse_unsupported(body)
     texts, ids, is_batch = _prompts(body)
     n = len(texts)
     sps = body.get("sampling_params")

@@ -34,8 +34,22 @@ JSON_OBJECT_SCHEMA = json.dumps({"type": "object", "additionalProperties": {"any
     _SCALAR, {"type": "array", "items": _SCALAR}, {"type": "object", "additionalProperties": _SCALAR}]}},
     separators=(",", ":"))
 IGNORED = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort",
-                     "modalities", "prediction", "web_search_options", "safety_identifier", "prompt_cache_key",
+                     "modalities", "audio", "prediction", "web_search_options", "safety_identifier", "prompt_cache_key",
                      "verbosity", "separate_reasoning", "stream_reasoning", "rid"})
+
+
+def refuse_unsupported(data: dict[str, Any]) -> None:
+    """A 400 naming each accepted-but-unserved OpenAI parameter that asks for something (null passes): audio
+    output, web search, and any modality but text."""
+    modalities = data.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise RequestError(f"'modalities': only [\"text\"] is supported, got {modalities!r}"[:200], "modalities",
+                           "unsupported_parameter")
+    if data.get("audio") is not None:
+        raise RequestError("'audio': audio output is not supported", "audio", "unsupported_parameter")
+    if data.get("web_search_options") is not None:
+        raise RequestError("'web_search_options': web search is not supported", "web_search_options",
+                           "unsupported_parameter")
 
 
 def _is_int(x: Any) -> bool:
@@ -59,6 +73,7 @@ class Body:
             raise RequestError(f"the request body must be a JSON object, got {_type_name(data)}", None,
                                "invalid_type")
         self.data = data
+        refuse_unsupported(data)
         unknown = sorted(k for k in data if k not in known and k not in IGNORED)
         if unknown:
             logger.warning("ignoring unknown request fields: %s", ", ".join(unknown[:20]))
@@ -281,8 +296,10 @@ def response_format_schema(v: Any) -> str | None:
             raise RequestError(f"'response_format.json_schema.{key}' has the wrong type",
                                f"response_format.json_schema.{key}", "invalid_type")
     schema = spec.get("schema")
-    if schema is None:
-        schema = {"type": "object"}
+    if schema is None:  # an unrestricted object would be a ~10 s compile that then times out: ask for one
+        raise RequestError("'response_format.json_schema.schema' is required: the JSON schema to follow (for any "
+                           "JSON object use response_format.type json_object)", "response_format.json_schema.schema",
+                           "missing_required_parameter")
     return check_schema(schema, "response_format.json_schema.schema")
 
 

@@ -1,0 +1,103 @@
+"""Parameters radixgen accepts on the wire but does not serve are a 400 naming them, never silently dropped:
+OpenAI `modalities` (but text), `audio`, `web_search_options`; native `/generate` keys `image_data`,
+`lora_path`, `return_hidden_states`, `custom_logit_processor`; a json_schema response_format without a schema.
+Unit checks on the validators, then the same through HTTP on the model-free echo server."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.tokenizer.generate_input import RequestError, normalize_generate
+from server.cli import build_parser
+from server.openai import params as P
+from tests.server.conftest import ServerProc
+
+M = [{"role": "user", "content": "hi"}]
+
+NATIVE_REFUSED = [
+    ("image_data", "https://example.com/cat.png"),
+    ("image_data", ["data:image/png;base64,AAAA"]),
+    ("lora_path", "adapters/sql"),
+    ("return_hidden_states", True),
+    ("custom_logit_processor", "{\"callable\": \"x\"}"),
+]
+OPENAI_REFUSED = [
+    ("modalities", ["text", "audio"]),
+    ("modalities", ["audio"]),
+    ("audio", {"voice": "alloy", "format": "wav"}),
+    ("web_search_options", {}),
+    ("web_search_options", {"search_context_size": "low"}),
+]
+
+
+def _err(fn, *args) -> RequestError:
+    with pytest.raises(RequestError) as e:
+        fn(*args)
+    return e.value
+
+
+@pytest.mark.parametrize("key, value", NATIVE_REFUSED)
+def test_native_keys_that_change_meaning_are_refused(key, value):
+    e = _err(normalize_generate, {"text": "hi", key: value})
+    assert (e.status, e.param, e.code) == (400, key, "unsupported_parameter") and key in e.message
+
+
+@pytest.mark.parametrize("key, value", [("image_data", None), ("lora_path", None), ("return_hidden_states", False),
+                                        ("custom_logit_processor", None), ("image_data", [])])
+def test_native_keys_left_at_their_default_pass(key, value):
+    (req,), is_batch = normalize_generate({"text": "hi", key: value})
+    assert req.text == "hi" and not is_batch
+
+
+@pytest.mark.parametrize("key, value", OPENAI_REFUSED)
+def test_openai_parameters_asking_for_what_is_not_served_are_refused(key, value):
+    e = _err(P.Body, {"messages": M, key: value}, frozenset({"messages"}))
+    assert (e.status, e.param, e.code) == (400, key, "unsupported_parameter") and key in e.message
+
+
+def test_openai_defaults_pass():
+    body = P.Body({"messages": M, "modalities": ["text"], "audio": None, "web_search_options": None},
+                  frozenset({"messages"}))
+    assert body.raw("modalities") == ["text"]
+
+
+def test_json_schema_without_schema_is_a_400_not_a_compile():
+    for rf in ({"type": "json_schema", "json_schema": {"name": "x"}},
+               {"type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": None}}):
+        e = _err(P.response_format_schema, rf)
+        assert (e.status, e.param, e.code) == (400, "response_format.json_schema.schema",
+                                                "missing_required_parameter")
+
+
+def test_context_length_help_says_it_only_lowers():
+    parser = build_parser()
+    serve = next(a for a in parser._actions if a.dest == "command").choices["serve"]
+    (action,) = [a for a in serve._actions if "--context-length" in a.option_strings]
+    assert "can only lower" in action.help
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = ServerProc("--log-level", "warning", fake=True)
+    try:
+        yield s.wait_ready()
+    finally:
+        s.stop()
+
+
+def test_refusals_over_http(server):
+    with server.client() as c:
+        for key, value in NATIVE_REFUSED:
+            r = c.post("/generate", json={"text": "hi", key: value, "sampling_params": {"max_new_tokens": 2}})
+            assert r.status_code == 400 and r.json()["error"]["param"] == key, (key, r.text)
+        for key, value in OPENAI_REFUSED:
+            r = c.post("/v1/chat/completions", json={"messages": M, "max_tokens": 2, key: value})
+            assert r.status_code == 400 and r.json()["error"]["param"] == key, (key, r.text)
+        r = c.post("/v1/chat/completions", json={"messages": M, "max_tokens": 2,
+                                                 "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "response_format.json_schema.schema", r.text
+        r = c.post("/v1/chat/completions", json={"messages": M, "max_tokens": 2, "modalities": ["text"]})
+        assert r.status_code == 200, r.text
+        r = c.post("/generate", json={"text": "hi", "return_hidden_states": False, "lora_path": None,
+                                      "sampling_params": {"max_new_tokens": 2}})
+        assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 2, r.text
