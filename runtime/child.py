@@ -22,7 +22,7 @@ from typing import Any
 
 import zmq
 
-from runtime.config import Config, make_config
+from runtime.config import Config, make_config  # the parent resolved the config once
 from runtime.ipc import Sender
 from runtime.messages import ReadyMsg
 
@@ -64,7 +64,7 @@ def start_child(spec: dict, name: str, build: Callable[[Config, zmq.Context], An
         ready.send(ReadyMsg(name=name, ok=False, error=f"{type(e).__name__}: {e}"))
         ready.close()
         sys.exit(1)
-    ready.send(ReadyMsg(name=name, ok=True, info=loop.info))
+    ready.send(ReadyMsg(name=name, ok=True, model=loop.model))
     ready.close(linger_ms=-1)  # deliver it whenever the parent listens (the parent watch ends us if it is gone)
     loop.run()
     os._exit(0)

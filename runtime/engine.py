@@ -1,6 +1,6 @@
-"""The offline `Engine`: the server's runtime without HTTP (DESIGN.md section 1).
+"""The offline `Engine`: the server's runtime without HTTP (docs/architecture.md).
 
-It starts the same scheduler and detokenizer processes (`runtime.launch.ProcessGroup`) and runs the
+It launches the runtime exactly as the server does (`runtime.launch.Launch`) and runs the
 TokenizerManager on an asyncio loop in a background thread; `generate` hands requests to that loop and
 waits. Results are the native /generate dicts: `text`, `output_ids`, `meta_info` (`id`, `finish_reason`,
 `prompt_tokens`, `completion_tokens`, `cached_tokens`, logprob fields when asked).
@@ -14,7 +14,6 @@ waits. Results are the native /generate dicts: `text`, `output_ids`, `meta_info`
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import queue
 import threading
@@ -22,10 +21,10 @@ from collections.abc import Awaitable, Iterator
 from typing import Any, TypeVar
 
 from runtime.config import make_config
-from runtime.env import load_env
-from runtime.launch import ProcessGroup
+from runtime.launch import Launch
+from runtime.messages import ModelInfo
 from runtime.tokenizer.generate_input import GenerateRequest, RequestError, normalize_generate
-from runtime.tokenizer.manager import ModelInfo, TokenizerManager
+from runtime.tokenizer.manager import TokenizerManager
 
 T = TypeVar("T")
 _END = object()
@@ -33,36 +32,25 @@ _END = object()
 
 class Engine:
     def __init__(self, model_path: str | None = None, **config: Any) -> None:
-        self.cfg = make_config(model_path=model_path, **config)
         self._dead: str | None = None
         self._closed = False
-        self._group = ProcessGroup(self.cfg)
+        self._launch = Launch(make_config(model_path=model_path, **config))
+        self.cfg = self._launch.cfg
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="radixgen-engine", daemon=True)
         self._thread.start()
-        self._group.start()
+        self._launch.start()
         try:
-            from runtime.tokenizer.tokenizer import load_tokenizer
-
-            model_path = self._group.config["model_path"]
-            with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                tok = pool.submit(load_tokenizer, self.cfg.model.tokenizer_path or model_path)
-                infos = self._group.wait_ready(self.cfg.server.startup_timeout)
-                self.tokenizer = tok.result()
-            sched = infos["scheduler"]
-            self.server_config = {**self._group.config, **sched.get("config", {})}
-            info = ModelInfo(sched["context_len"], sched["vocab_size"], sched["max_total_num_tokens"])
-            self._tm: TokenizerManager = self._call(self._start_tm(info))
+            self.tokenizer, model = self._launch.wait_ready()
+            self.server_config = dict(self._launch.config)
+            self._tm: TokenizerManager = self._call(self._start_tm(model))
         except BaseException:
             self.shutdown()
             raise
-        self._group.watch(self._on_death)
+        self._launch.watch(self._on_death)
 
-    async def _start_tm(self, info: ModelInfo) -> TokenizerManager:
-        tm = TokenizerManager(self.cfg, self.tokenizer, self._group.endpoints, info, None,
-                              load_env().abort_confirm_timeout)
-        tm.start()
-        return tm
+    async def _start_tm(self, model: ModelInfo) -> TokenizerManager:
+        return self._launch.tokenizer_manager(self.tokenizer, model, None)
 
     def _on_death(self, reason: str) -> None:
         self._dead = reason
@@ -175,7 +163,7 @@ class Engine:
         if tm is not None and self._loop.is_running():
             with contextlib.suppress(Exception):  # closing anyway
                 asyncio.run_coroutine_threadsafe(tm.close(), self._loop).result(5)
-        self._group.shutdown()
+        self._launch.shutdown()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
 

@@ -1,16 +1,23 @@
-"""Launching and supervising the child processes (the parent side).
+"""Launching and supervising the child processes (the parent side): the one launch path of `runtime.Engine`
+and `radixgen serve`.
 
-`ProcessGroup` spawns the scheduler (runtime/scheduler/process.py) and the detokenizer
+`Launch` resolves the config once (the children get the resolved flat config), starts the `ProcessGroup`,
+loads the tokenizer here while the children load (`wait_ready` -> tokenizer and the scheduler's `ModelInfo`)
+and builds the TokenizerManager on the caller's event loop. `ProcessGroup` spawns the scheduler (runtime/scheduler/process.py) and the detokenizer
 (runtime/detokenizer/process.py) with the multiprocessing 'spawn' context, passing each a plain dict (flat
 config, endpoints, parent pid); they load, then report a `ReadyMsg` on the `ready` channel
 (runtime/child.py). The parent waits (`wait_ready`) with a timeout, and `watch` calls back once if a child
-dies later. `shutdown` stops them (SIGTERM, then SIGKILL) and removes the socket dir.
+dies later. `shutdown` stops them (SIGTERM, then SIGKILL), reaps them and removes the socket dir.
+A dedicated supervisor (the HTTP server) also calls `become_subreaper()` first and `reap_children()` last, so
+orphaned grandchildren (the grammar compile worker of a killed scheduler) are reaped too and no process of
+the tree outlives the moment its exit status is observable.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -24,9 +31,12 @@ from typing import Any
 
 import zmq
 
-from runtime.config import Config
+from runtime.config import Config, resolve
+from runtime.env import load_env
 from runtime.ipc import Endpoints, Receiver, remove_ipc_dir
-from runtime.messages import ReadyMsg
+from runtime.messages import ModelInfo, ReadyMsg
+from runtime.models.registry import resolve_model_path
+from runtime.tokenizer.manager import StatsSink, TokenizerManager
 
 logger = logging.getLogger(__name__)
 CHILDREN = ("scheduler", "detokenizer")
@@ -68,9 +78,6 @@ class ProcessGroup:
     """The scheduler and detokenizer processes of one launch."""
 
     def __init__(self, cfg: Config, scheduler_factory: str | None = None) -> None:
-        from runtime.env import load_env
-        from runtime.models.registry import resolve_model_path
-
         env = load_env()
         flat = cfg.to_dict()
         flat["model_path"] = resolve_model_path(cfg.model.model_path)
@@ -108,11 +115,11 @@ class ProcessGroup:
     def pids(self) -> dict[str, int | None]:
         return {name: p.pid for name, p in self.procs.items()}
 
-    def wait_ready(self, timeout: float) -> dict[str, dict[str, Any]]:
-        """Block until every child reports ready; {name: info}. Raises LaunchError naming the failure
-        (a child's startup error or exit, the timeout, or `shutdown` being called meanwhile)."""
+    def wait_ready(self, timeout: float) -> ModelInfo:
+        """Block until every child reports ready; the scheduler's ModelInfo. Raises LaunchError naming the
+        failure (a child's startup error or exit, the timeout, or `shutdown` being called meanwhile)."""
         deadline = time.monotonic() + timeout
-        infos: dict[str, dict[str, Any]] = {}
+        infos: dict[str, ModelInfo | None] = {}
         with self._lock:
             if self._closing.is_set():
                 raise LaunchError("shut down before the children were ready")
@@ -123,7 +130,7 @@ class ProcessGroup:
                 if msg is not None:
                     if not msg.ok:
                         raise LaunchError(f"the {msg.name} process failed to start: {msg.error}")
-                    infos[msg.name] = msg.info
+                    infos[msg.name] = msg.model
                     continue
                 if self._closing.is_set():
                     raise LaunchError("shut down before the children were ready")
@@ -137,7 +144,10 @@ class ProcessGroup:
             with self._lock:
                 self._waiting = False
                 self._close_ready()
-        return infos
+        model = infos["scheduler"]
+        if model is None:
+            raise LaunchError("the scheduler reported ready without its model info")
+        return model
 
     def _close_ready(self) -> None:
         """Close the ready socket and context (under _lock, never while wait_ready uses them)."""
@@ -176,3 +186,105 @@ class ProcessGroup:
             if not self._waiting:
                 self._close_ready()
             remove_ipc_dir(self._ipc_dir)
+
+
+class Launch:
+    """One launch of the runtime: the config resolved once, the child processes, the tokenizer, and then the
+    TokenizerManager. `runtime.Engine` and `radixgen serve` both go through it:
+        launch = Launch(cfg); launch.start(); tokenizer, model = launch.wait_ready()  # blocking
+        tm = launch.tokenizer_manager(tokenizer, model, stats)  # on the event loop that will use it
+        launch.watch(on_death) ... launch.shutdown()
+    """
+
+    def __init__(self, cfg: Config, scheduler_factory: str | None = None) -> None:
+        self.cfg = resolve(cfg)
+        self.env = load_env()
+        self.group = ProcessGroup(self.cfg, scheduler_factory)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The resolved flat config the children run with (model_path resolved to a file)."""
+        return self.group.config
+
+    @property
+    def model_path(self) -> str:
+        return self.group.config["model_path"]
+
+    def start(self) -> None:
+        self.group.start()
+
+    def wait_ready(self) -> tuple[Any, ModelInfo]:
+        """Load the tokenizer in a daemon thread while the children load; (tokenizer, the scheduler's
+        ModelInfo) once both are done. A failure of either raises (LaunchError for the children)."""
+        from runtime.tokenizer.tokenizer import load_tokenizer
+
+        box: list[Any] = []
+
+        def load() -> None:
+            try:
+                box.append((True, load_tokenizer(self.cfg.model.tokenizer_path or self.model_path)))
+            except BaseException as e:  # re-raised in the caller's thread
+                box.append((False, e))
+
+        loader = threading.Thread(target=load, name="tokenizer-load", daemon=True)
+        loader.start()
+        model = self.group.wait_ready(self.cfg.server.startup_timeout)
+        loader.join()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value, model
+
+    def tokenizer_manager(self, tokenizer: Any, model: ModelInfo, stats: StatsSink | None) -> TokenizerManager:
+        """Build and start the TokenizerManager (call on the running event loop that will use it)."""
+        tm = TokenizerManager(self.cfg, tokenizer, self.group.endpoints, model, stats,
+                              self.env.abort_confirm_timeout)
+        tm.start()
+        return tm
+
+    def watch(self, on_death: Callable[[str], None]) -> None:
+        self.group.watch(on_death)
+
+    def shutdown(self) -> None:
+        self.group.shutdown()
+
+
+def become_subreaper() -> None:
+    """Make orphaned descendants re-parent to this process (Linux PR_SET_CHILD_SUBREAPER), so
+    `reap_children` can reap them. For a process that is only a supervisor (never a library's host)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1, 0, 0, 0)
+
+
+def reap_children() -> None:
+    """Kill and wait for every remaining child of this process (orphaned grandchildren adopted through
+    `become_subreaper`, multiprocessing's resource tracker). Call last, after `ProcessGroup.shutdown`."""
+    me = str(os.getpid())
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        pids = _child_pids(me)  # zombies included: they are reaped below
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            reaped, _ = os.waitpid(-1, 0 if pids else os.WNOHANG)
+        except ChildProcessError:
+            return
+        if reaped == 0:
+            return
+    logger.warning("children still running at exit: %s", _child_pids(me))
+
+
+def _child_pids(ppid: str) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if stat[stat.rindex(")") + 2:].split()[1] == ppid:
+                out.append(int(entry))
+    return out

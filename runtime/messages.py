@@ -1,4 +1,4 @@
-"""Typed messages at every process boundary (DESIGN.md section 1).
+"""Typed messages at every process boundary (docs/protocol.md).
 
 server/TokenizerManager --ToScheduler--> scheduler --ToDetokenizer--> detokenizer --ToTokenizer--> server
 Every message is a msgspec Struct with a tag; each channel carries a tagged union, msgpack-encoded.
@@ -112,18 +112,26 @@ class InternalStateOut(Msg):
     state: dict[str, Any]
 
 
+class ModelInfo(msgspec.Struct, frozen=True):
+    """What the scheduler's model tells the parent when ready (request validation needs it)."""
+
+    context_len: int
+    vocab_size: int
+    max_total_num_tokens: int
+
+
 class ReadyMsg(Msg):
-    """A child reports it is ready (or failed to start) to its parent."""
+    """A child reports it is ready (or failed to start) to its parent, once."""
 
     name: str
     ok: bool
-    info: dict[str, Any] = {}
+    model: ModelInfo | None = None  # the scheduler's; None from the detokenizer and on failure
     error: str = ""
 
 
 ToScheduler = Union[TokenizedGenerateReq, AbortReq, FlushCacheReq, GetInternalStateReq, ShutdownReq]  # noqa: UP007
-ToDetokenizer = Union[BatchTokenOut, FlushCacheOut, InternalStateOut, ShutdownReq]  # noqa: UP007
-ToTokenizer = Union[BatchTextOut, FlushCacheOut, InternalStateOut, ReadyMsg]  # noqa: UP007
+ToDetokenizer = Union[BatchTokenOut, ShutdownReq]  # noqa: UP007
+ToTokenizer = Union[BatchTextOut, FlushCacheOut, InternalStateOut]  # noqa: UP007
 
 
 class Codec:

@@ -1,10 +1,11 @@
 """`radixgen serve`: start the children, serve HTTP while they load, supervise until exit.
 
-Order: spawn the scheduler and detokenizer -> bind the port (uvicorn; /health answers 503 meanwhile) ->
-load the tokenizer here while the children load -> wait for both ReadyMsgs -> start the TokenizerManager ->
-print `radixgen ready on http://HOST:PORT`. Exit paths, each within a few seconds and leaving no child:
+Order (runtime/launch.py `Launch`, the Engine's path too): spawn the scheduler and detokenizer -> bind the
+port (uvicorn; /health answers 503 meanwhile) -> load the tokenizer here while the children load -> wait for
+both ReadyMsgs -> start the TokenizerManager -> print `radixgen ready on http://HOST:PORT`. Exit paths, each within a few seconds and leaving no child:
 SIGTERM/SIGINT (exit 0; running requests drained for --shutdown-timeout seconds, else failed with 503), a
-child dying (the reason logged, exit 1), a startup failure (exit 1).
+child dying (the reason logged, exit 1), a startup failure (exit 1). The server is a child subreaper and
+reaps every descendant before it returns its exit code.
 """
 
 from __future__ import annotations
@@ -22,9 +23,7 @@ from typing import Any
 import uvicorn
 
 from runtime.config import Config
-from runtime.env import load_env
-from runtime.launch import LaunchError, ProcessGroup
-from runtime.tokenizer.manager import ModelInfo, TokenizerManager
+from runtime.launch import Launch, LaunchError, become_subreaper, reap_children
 from server.app import ServerState, create_app
 
 logger = logging.getLogger("radixgen")
@@ -67,24 +66,26 @@ def _served_name(cfg: Config, model_path: str) -> str:
 def run_server(cfg: Config) -> int:
     """Run until a signal or a failure; returns the process exit code."""
     logging.basicConfig(level=cfg.server.log_level.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
+    become_subreaper()
     try:
-        group = ProcessGroup(cfg)
+        launch = Launch(cfg)
     except (FileNotFoundError, ValueError) as e:
         logger.error("%s", e)
         return 1
-    group.start()
+    launch.start()
     try:
-        return asyncio.run(_serve(cfg, group))
+        return asyncio.run(_serve(launch))
     finally:
-        group.shutdown()
+        launch.shutdown()
+        reap_children()
 
 
-async def _serve(cfg: Config, group: ProcessGroup) -> int:
+async def _serve(launch: Launch) -> int:
     loop = asyncio.get_running_loop()
-    env = load_env()
-    model_path = group.config["model_path"]
+    cfg = launch.cfg
+    model_path = launch.model_path
     state = ServerState(cfg=cfg, model_path=model_path, served_model_name=_served_name(cfg, model_path),
-                        config_info=dict(group.config), health_check_timeout=env.health_check_timeout)
+                        config_info=dict(launch.config), health_check_timeout=launch.env.health_check_timeout)
     exit_code = 0
 
     def fail(reason: str) -> None:
@@ -96,7 +97,7 @@ async def _serve(cfg: Config, group: ProcessGroup) -> int:
         if state.tm is not None:
             state.tm.fail_all(reason)
         server.should_exit = True
-        threading.Thread(target=group.shutdown, daemon=True).start()
+        threading.Thread(target=launch.shutdown, daemon=True).start()
 
     def on_signal(sig: int) -> None:
         loop.call_soon_threadsafe(begin_shutdown, signal.Signals(sig).name)
@@ -118,11 +119,9 @@ async def _serve(cfg: Config, group: ProcessGroup) -> int:
                                     access_log=False, lifespan="off",
                                     timeout_graceful_shutdown=max(1.0, srv.shutdown_timeout + 0.5)), on_signal)
     serving = asyncio.ensure_future(_guard(server.serve()))
-    tok_future = _in_thread(loop, _load_tokenizer, cfg, model_path)
-    ready_future = _in_thread(loop, group.wait_ready, srv.startup_timeout)
+    ready_future = _in_thread(loop, launch.wait_ready)
     try:
-        infos = await _await_or_exit(ready_future, serving, server)
-        tokenizer = await _await_or_exit(tok_future, serving, server)
+        ready = await _await_or_exit(ready_future, serving, server)
     except LaunchError as e:
         logger.error("startup failed: %s", e)
         server.should_exit = True
@@ -133,17 +132,13 @@ async def _serve(cfg: Config, group: ProcessGroup) -> int:
         server.should_exit = True
         await serving
         return 1
-    if infos is None or tokenizer is None:  # a signal or a bind failure during startup
+    if ready is None:  # a signal or a bind failure during startup
         await serving
         return serving.result() or (0 if state.shutting_down else 1)
-    sched = infos["scheduler"]
-    state.config_info.update(sched.get("config", {}))
-    state.tm = TokenizerManager(cfg, tokenizer, group.endpoints, ModelInfo(
-        sched["context_len"], sched["vocab_size"], sched["max_total_num_tokens"]), state.metrics,
-        env.abort_confirm_timeout)
-    state.tm.start()
+    tokenizer, model = ready
+    state.tm = launch.tokenizer_manager(tokenizer, model, state.metrics)
     state.ready = True
-    group.watch(lambda reason: loop.call_soon_threadsafe(fail, reason))
+    launch.watch(lambda reason: loop.call_soon_threadsafe(fail, reason))
     print(f"radixgen ready on http://{srv.host}:{srv.port}", flush=True)
     code = await serving
     await state.tm.close()
@@ -187,12 +182,6 @@ def _in_thread(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> asyncio.
 
     threading.Thread(target=run, daemon=True).start()
     return fut
-
-
-def _load_tokenizer(cfg: Config, model_path: str) -> Any:
-    from runtime.tokenizer.tokenizer import load_tokenizer
-
-    return load_tokenizer(cfg.model.tokenizer_path or model_path)
 
 
 if __name__ == "__main__":  # pragma: no cover

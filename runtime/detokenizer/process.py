@@ -22,8 +22,12 @@ def run_detokenizer_process(spec: dict) -> None:
 
 
 class DetokenizerLoop:
+    """receive BatchTokenOut -> text deltas -> send BatchTextOut, until ShutdownReq."""
+
+    model = None  # nothing to report in the ReadyMsg
+
     def __init__(self, detok: Any, ctx: zmq.Context, ep: Endpoints) -> None:
-        self.detok, self.info = detok, {}
+        self.detok = detok
         self._recv = Receiver(ctx, ep.detokenizer, ToDetokenizer)
         self._send = Sender(ctx, ep.tokenizer, ToTokenizer)
 
@@ -34,8 +38,6 @@ class DetokenizerLoop:
                 self._send.send(self.detok.process_batch(msg))
             elif isinstance(msg, ShutdownReq):
                 return
-            else:
-                self._send.send(msg)
 
 
 def _build_detokenizer_loop(cfg: Config, ctx: zmq.Context, spec: dict) -> DetokenizerLoop:

@@ -27,6 +27,7 @@ from runtime.ipc import Endpoints, Receiver, Sender
 from runtime.messages import (
     BatchTokenOut,
     InternalStateOut,
+    ModelInfo,
     ReqTokenOut,
     ShutdownReq,
     ToDetokenizer,
@@ -43,14 +44,13 @@ def run_scheduler_process(spec: dict) -> None:
     start_child(spec, "scheduler", _build_scheduler_loop)
 
 
-def create_scheduler(cfg: Config) -> tuple[Any, dict[str, Any]]:
-    """The real scheduler over the model runner; returns it and what the server needs to know."""
-    from runtime.config import resolve
+def create_scheduler(cfg: Config) -> tuple[Any, ModelInfo]:
+    """The real scheduler over the model runner (cfg already resolved by the parent); returns it and what
+    the parent needs to know."""
     from runtime.executor.model_runner import create_model_runner
     from runtime.scheduler import Scheduler
     from runtime.tokenizer.tokenizer import load_tokenizer
 
-    cfg = resolve(cfg)
     runner = create_model_runner(cfg, progress=False)
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.model_path)
     sched = Scheduler(runner, runner.allocator, runner.req_to_token, cfg, runner.eos_token_ids,
@@ -58,23 +58,18 @@ def create_scheduler(cfg: Config) -> tuple[Any, dict[str, Any]]:
                       # Forced grammar text is plain text: control-token spellings stay characters.
                       encode_fn=lambda text: tok.encode(text, add_special_tokens=False, allow_special=False),
                       token_bytes_fn=tok.token_bytes)
-    info = {"context_len": runner.context_len, "vocab_size": runner.vocab_size,
-            "max_total_num_tokens": runner.pool.num_slots, "config": cfg.to_dict()}
-    return sched, info
+    return sched, ModelInfo(runner.context_len, runner.vocab_size, runner.pool.num_slots)
 
 
 def _grammar_backend(cfg: Config, tok: Any) -> Any:
     if cfg.grammar.grammar_backend == "none":
         return None
-    try:
-        mod = importlib.import_module("runtime.constrained")
-    except ImportError:
-        return None
-    create = getattr(mod, "create_grammar_backend", None)
-    return create(cfg, tok) if create is not None else None
+    from runtime.constrained import create_grammar_backend
+
+    return create_grammar_backend(cfg, tok)
 
 
-def _load_factory(path: str) -> Callable[[Config], tuple[Any, dict[str, Any]]]:
+def _load_factory(path: str) -> Callable[[Config], tuple[Any, ModelInfo]]:
     module, _, func = path.partition(":")
     return getattr(importlib.import_module(module), func)
 
@@ -82,8 +77,8 @@ def _load_factory(path: str) -> Callable[[Config], tuple[Any, dict[str, Any]]]:
 class SchedulerLoop:
     """receive -> handle -> step -> send, forever (until ShutdownReq)."""
 
-    def __init__(self, scheduler: Any, info: dict[str, Any], ctx: zmq.Context, ep: Endpoints) -> None:
-        self.scheduler, self.info = scheduler, info
+    def __init__(self, scheduler: Any, model: ModelInfo, ctx: zmq.Context, ep: Endpoints) -> None:
+        self.scheduler, self.model = scheduler, model
         self._recv = Receiver(ctx, ep.scheduler, ToScheduler)
         self._to_detok = Sender(ctx, ep.detokenizer, ToDetokenizer)
         self._to_tm = Sender(ctx, ep.tokenizer, ToTokenizer)
@@ -158,5 +153,5 @@ class SchedulerLoop:
 
 def _build_scheduler_loop(cfg: Config, ctx: zmq.Context, spec: dict) -> SchedulerLoop:
     factory = _load_factory(spec.get("scheduler_factory") or DEFAULT_SCHEDULER_FACTORY)
-    scheduler, info = factory(cfg)
-    return SchedulerLoop(scheduler, info, ctx, Endpoints(**spec["endpoints"]))
+    scheduler, model = factory(cfg)
+    return SchedulerLoop(scheduler, model, ctx, Endpoints(**spec["endpoints"]))

@@ -1,10 +1,11 @@
 """TokenizerManager: the asyncio front of the runtime, shared by the HTTP server and the offline Engine.
 
-Data flow: `generate(GenerateRequest)` validates, tokenizes, expands `n` into rids f"{rid}_{i}", sends
-`TokenizedGenerateReq` to the scheduler and registers a `ReqState` per rid. `_handle_loop` receives
-`BatchTextOut` from the detokenizer (and control replies from the scheduler), updates each rid's state and
-wakes its consumer through a per-call queue. `generate` yields one state dict per update (streaming) or per
-finished sample, shaped like a native /generate result plus `index` (sample number among n).
+Data flow: `submit(GenerateRequest)` validates, tokenizes, expands `n` into rids f"{rid}_{i}", sends
+`TokenizedGenerateReq` to the scheduler, registers a `ReqState` per rid and returns a `RequestHandle`.
+`_handle_loop` receives `BatchTextOut` from the detokenizer (and control replies from the scheduler), updates
+each rid's state and wakes its consumer through a per-call queue. Iterating the handle yields one state dict
+per update (streaming) or per finished sample, shaped like a native /generate result plus `index` (sample
+number among n).
 
 A request is removed from `_states` when its finish arrives. A consumer that goes away (client disconnect,
 cancelled task) aborts its unfinished rids at once; their states stay, marked aborted, until the
@@ -20,7 +21,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Protocol
 
@@ -37,6 +37,7 @@ from runtime.messages import (
     FlushCacheReq,
     GetInternalStateReq,
     InternalStateOut,
+    ModelInfo,
     ReqTextOut,
     TokenizedGenerateReq,
     ToScheduler,
@@ -56,15 +57,6 @@ class StatsSink(Protocol):
     def on_generated(self, num_tokens: int) -> None: ...
     def on_finish(self, e2e: float, prompt_tokens: int, completion_tokens: int, cached_tokens: int,
                   finish_type: str) -> None: ...
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the scheduler reports when ready, needed for validation."""
-
-    context_len: int
-    vocab_size: int
-    max_total_num_tokens: int
 
 
 class ReqState:
@@ -176,10 +168,6 @@ class TokenizerManager:
         self._send.close(linger_ms=0)
         self._ctx.term()
 
-    @property
-    def num_outstanding(self) -> int:
-        return len(self._states)
-
     # ------------------------------------------------------------ generate
 
     def submit(self, req: GenerateRequest) -> RequestHandle:
@@ -221,12 +209,6 @@ class TokenizerManager:
                 top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,
                 stream=req.stream, input_text=req.text))
         return RequestHandle(self, states, sink)
-
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[dict[str, Any]]:
-        """Yield state dicts for one prompt's n samples (each with `index`) until all have finished:
-        on every update when `req.stream`, else once per finished sample."""
-        async for item in self.submit(req):
-            yield item
 
     def _validate(self, req: GenerateRequest) -> tuple[SamplingParams, list[int]]:
         srv = self.cfg.server

@@ -19,6 +19,7 @@ from runtime.messages import (
     FlushCacheReq,
     GetInternalStateReq,
     InternalStateOut,
+    ModelInfo,
     ReqTokenOut,
     TokenizedGenerateReq,
 )
@@ -104,10 +105,9 @@ class FakeScheduler:
         return True
 
 
-def create(cfg: Config) -> tuple[FakeScheduler, dict[str, Any]]:
-    return FakeScheduler(cfg), {"context_len": 2048, "vocab_size": 49152, "max_total_num_tokens": TOTAL_SLOTS,
-                                "config": cfg.to_dict()}
+def create(cfg: Config) -> tuple[FakeScheduler, ModelInfo]:
+    return FakeScheduler(cfg), ModelInfo(context_len=2048, vocab_size=49152, max_total_num_tokens=TOTAL_SLOTS)
 
 
-def create_broken(cfg: Config) -> tuple[FakeScheduler, dict[str, Any]]:
+def create_broken(cfg: Config) -> tuple[FakeScheduler, ModelInfo]:
     raise RuntimeError("no model here")

@@ -166,3 +166,20 @@ def test_last_sigint_is_a_clean_exit(guarded):
     assert _wait_exit(guarded, 5) < 5
     assert guarded.proc.returncode == 0
     assert _all_gone(tree) == []
+
+
+@pytest.mark.parametrize("how", ["kill-scheduler", "SIGTERM", "SIGINT"])
+def test_no_process_of_the_tree_alive_when_the_exit_status_is_observable(server_factory, how):
+    """The supervisor reaps every descendant before it exits: checked right when waitpid returns, no sleep."""
+    server = server_factory(fake=True).wait_ready()
+    tree = descendants(server.proc.pid)  # scheduler, detokenizer, multiprocessing's resource tracker
+    kids = _children(server)
+    assert set(kids) == {"scheduler", "detokenizer"}, (kids, server.output)
+    if how == "kill-scheduler":
+        os.kill(kids["scheduler"], signal.SIGKILL)
+    else:
+        server.proc.send_signal(getattr(signal, how))
+    server.proc.wait(15)  # waitpid: the exit status is observable from here on
+    left = [p for p in tree if alive(p)]
+    assert left == [], (left, server.output)
+    assert server.proc.returncode == (1 if how == "kill-scheduler" else 0)
