@@ -22,13 +22,10 @@ Slot 0.. are real slots; a page of size P holds slots [p*P, (p+1)*P).
 
 from __future__ import annotations
 
-import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -108,40 +105,3 @@ class BaseAttnBackend(ABC):
         """Host work before a capture or replay over the graph runner's static buffers."""
         self.init_forward(meta)
 
-
-def create_attn_backend(
-    name: str, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
-) -> BaseAttnBackend:
-    """Factory by name; imports triton / flashinfer only when asked for them.
-
-    "cpu" is the native CPU backend (kernels/cpu), compiled on first use: a build failure raises. "auto" on a
-    CPU pool picks "cpu" for float32/bfloat16 pools ("torch" for other dtypes) and, when it cannot be built or
-    loaded here, falls back to "torch" with one warning.
-    """
-    if name == "auto" and k_cache.device.type == "cpu" and k_cache.dtype not in (torch.float32, torch.bfloat16):
-        name = "torch"
-    if name == "auto" and k_cache.device.type == "cpu":
-        try:
-            backend = create_attn_backend("cpu", k_cache, v_cache, scale)
-            log.info("attention backend auto: native cpu kernels")
-            return backend
-        except Exception as e:  # noqa: BLE001 - any toolchain/loader failure means: not available here
-            log.warning("native cpu attention unavailable, using the torch backend: %s", str(e).splitlines()[0])
-            return create_attn_backend("torch", k_cache, v_cache, scale)
-    if name == "cpu":
-        from kernels.cpu.backend import CpuAttnBackend
-
-        return CpuAttnBackend(k_cache, v_cache, scale)
-    if name == "torch":
-        from kernels.torch_backend import TorchAttnBackend
-
-        return TorchAttnBackend(k_cache, v_cache, scale)
-    if name == "triton":
-        from kernels.triton.backend import TritonAttnBackend
-
-        return TritonAttnBackend(k_cache, v_cache, scale)
-    if name == "flashinfer":
-        from kernels.flashinfer_backend import FlashInferAttnBackend
-
-        return FlashInferAttnBackend(k_cache, v_cache, scale)
-    raise ValueError(f"unknown attention backend {name!r} (auto, cpu, torch, triton, flashinfer)")
