@@ -1,68 +1,22 @@
-"""The FastAPI application: shared server state, middleware, error handlers and routers.
+"""The FastAPI application: middleware, error handlers and routers over a `ServerState` (server/http.py).
 
-`ServerState` is filled in by `server/serve.py` as the launch progresses (`tm` and `ready` once the
-children reported ready, `failure` if one died). Routes reach it as `request.app.state.radixgen`.
-Routers: `server/native.py` (SGLang's native API); the OpenAI layer adds its router in `create_app`.
+Routers: `server/native.py` (SGLang's native API) and `server/openai/` (the OpenAI-compatible API).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 
-from runtime.config import Config
-from runtime.tokenizer.generate_input import RequestError
-from runtime.tokenizer.manager import TokenizerManager
 from server.auth import GuardMiddleware
 from server.errors import install_error_handlers
+from server.http import JSON, ServerState
 from server.metrics import Metrics
+from server.native import router as native_router
+from server.openai import router as openai_router
 
-
-class JSON(JSONResponse):
-    """JSON via msgspec: fast, and non-finite floats (a -inf logprob) become null instead of invalid JSON."""
-
-    def render(self, content: Any) -> bytes:
-        return msgspec.json.encode(content)
-
-
-def sse(obj: Any) -> bytes:
-    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
-
-
-SSE_DONE = b"data: [DONE]\n\n"
-
-
-@dataclass
-class ServerState:
-    cfg: Config
-    metrics: Metrics = field(default_factory=Metrics)
-    tm: TokenizerManager | None = None
-    ready: bool = False
-    shutting_down: bool = False
-    failure: str | None = None
-    model_path: str = ""
-    served_model_name: str = ""
-    config_info: dict[str, Any] = field(default_factory=dict)  # the resolved config, flat
-    health_check_timeout: float = 20.0
-
-    def require_tm(self) -> TokenizerManager:
-        """The TokenizerManager, or a 503 while starting, failing or shutting down."""
-        if self.failure:
-            raise RequestError(self.failure, None, "server_unavailable", 503, "server_error")
-        if self.shutting_down:
-            raise RequestError("the server is shutting down", None, "server_unavailable", 503, "server_error")
-        if not self.ready or self.tm is None:
-            raise RequestError("the server is starting: the model is loading", None, "server_unavailable", 503,
-                               "server_error", {"Retry-After": "5"})
-        return self.tm
-
-
-def get_state(request: Request) -> ServerState:
-    return request.app.state.radixgen
+__all__ = ["ServerState", "create_app", "flat_routes"]
 
 
 class _HttpCounter:
@@ -98,19 +52,12 @@ def flat_routes(routes: list) -> list:
 
 
 def create_app(state: ServerState) -> FastAPI:
-    from server.native import router as native_router
-
     app = FastAPI(title="radixgen", default_response_class=JSON, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.radixgen = state
     install_error_handlers(app)
     app.include_router(native_router)
-    try:  # the OpenAI-compatible layer, when present
-        from server.openai import router as openai_router
-    except ImportError:
-        openai_router = None
-    if openai_router is not None:
-        app.include_router(openai_router)
+    app.include_router(openai_router)
     routes = frozenset(r.path for r in flat_routes(app.routes))
     srv = state.cfg.server
     app.add_middleware(_HttpCounter, metrics=state.metrics, routes=routes)

@@ -1,4 +1,4 @@
-"""SGLang's native HTTP API (shared/REFERENCE.md): /generate, health, model and server info, load, version,
+"""SGLang's native HTTP API (docs/protocol.md): /generate, health, model and server info, load, version,
 cache flush, abort, metrics.
 
 A request's life here: read strict JSON -> `normalize_generate` -> `TokenizerManager.submit_many`
@@ -15,7 +15,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
@@ -24,39 +24,12 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from runtime.models.loader import read_model_type
 from runtime.tokenizer.generate_input import GenerateRequest, RequestError, normalize_generate
 from runtime.tokenizer.manager import RequestHandle
-from server.app import JSON, SSE_DONE, get_state, sse
 from server.errors import error_body, read_json
+from server.http import JSON, SSE_DONE, ClientGone, get_state, sse, until_disconnect
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
 T = TypeVar("T")
-
-
-class ClientGone(Exception):
-    pass
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        msg = await request.receive()
-        if msg["type"] == "http.disconnect":
-            return
-
-
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it (which aborts its requests) if the client disconnects first."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(BaseException):
-        await task
-    raise ClientGone
 
 
 async def _collect_all(handles: list[RequestHandle]) -> list[dict[str, Any]]:

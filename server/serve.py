@@ -24,7 +24,8 @@ import uvicorn
 
 from runtime.config import Config
 from runtime.launch import Launch, LaunchError, become_subreaper, reap_children
-from server.app import ServerState, create_app
+from server.app import create_app
+from server.http import ServerState
 
 logger = logging.getLogger("radixgen")
 

@@ -21,8 +21,7 @@ from fastapi.responses import Response
 from runtime.tokenizer.chat_template import resolve_chat_template
 from runtime.tokenizer.generate_input import GenerateRequest, RequestError
 from runtime.tokenizer.manager import TokenizerManager
-from server.app import JSON, ServerState, get_state
-from server.native import ClientGone, until_disconnect
+from server.http import JSON, ClientGone, ServerState, get_state, until_disconnect
 from server.openai import common as C
 from server.openai import params as P
 from server.openai import tools as T

@@ -17,8 +17,8 @@ from fastapi import Request
 
 from runtime.tokenizer.generate_input import RequestError
 from runtime.tokenizer.manager import RequestHandle
-from server.app import ServerState
 from server.errors import read_json
+from server.http import ServerState
 
 FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 

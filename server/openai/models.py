@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from runtime.tokenizer.generate_input import RequestError
-from server.app import JSON, ServerState, get_state
+from server.http import JSON, ServerState, get_state
 from server.openai.common import served_names
 
 router = APIRouter()

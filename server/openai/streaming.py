@@ -21,8 +21,8 @@ from fastapi.responses import StreamingResponse
 
 from runtime.tokenizer.generate_input import RequestError
 from runtime.tokenizer.manager import RequestHandle
-from server.app import SSE_DONE, sse
 from server.errors import error_body
+from server.http import SSE_DONE, sse
 from server.openai import tools as T
 from server.openai.common import abort_error, finish_reason, matched_stop
 from server.openai.logprobs import LogprobFormatter

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from runtime.tokenizer.generate_input import RequestError
-from server.app import JSON, get_state
+from server.http import JSON, get_state
 from server.openai import common as C
 
 router = APIRouter()
