@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -150,24 +149,7 @@ def run_program_batch(program: Function, backend: Any, batch: list, defaults: ir
     return results  # type: ignore[return-value]
 
 
-class _TextBar:
-    """Fallback progress bar on stderr when tqdm is missing."""
-
-    def __init__(self, total: int) -> None:
-        self.total, self.n = total, 0
-
-    def update(self, k: int) -> None:
-        self.n += k
-        sys.stderr.write(f"\r{self.n}/{self.total}")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        sys.stderr.write("\n")
-
-
 def _progress(total: int) -> Any:
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _TextBar(total)
+    from tqdm import tqdm  # lazily: only a batch with a progress bar needs it
+
     return tqdm(total=total, desc="run_batch")

@@ -125,10 +125,6 @@ class ServerConfig:
     """Seconds to wait for the child processes to report ready."""
     shutdown_timeout: float = 0.0
     """Seconds to let running requests finish on SIGTERM before stopping."""
-    tp_size: int = 1
-    """Tensor-parallel ranks (only 1 is supported so far)."""
-    dp_size: int = 1
-    """Data-parallel scheduler groups (only 1 is supported so far)."""
 
 
 @dataclass(frozen=True)

@@ -93,8 +93,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     cfg = config_from_args(ns)
-    if cfg.server.tp_size != 1 or cfg.server.dp_size != 1:
-        parser.error("only --tp-size 1 and --dp-size 1 are supported so far")
     from server.serve import run_server
 
     return run_server(cfg)

@@ -25,9 +25,21 @@ class RequestError(ValueError):
         self.type, self.headers = type, headers or {}
 
 
+@dataclass(frozen=True)
+class OpenAINames:
+    """How an OpenAI route names a request's parameters in the errors the TokenizerManager raises for it."""
+
+    prompt: str  # "prompt", "prompt[i]" or "messages"
+    max_tokens: str  # "max_tokens" or "max_completion_tokens"
+    constraint: str | None = None  # where the constraint came from: "response_format", "regex", "tools", ...
+    default_max_tokens: int | None = None  # without max tokens: at most this many (None: all the room left)
+
+
 @dataclass
 class GenerateRequest:
-    """One prompt's request as the TokenizerManager takes it (sampling params still a raw dict)."""
+    """One prompt's request as the TokenizerManager takes it (sampling params still a raw dict). The
+    TokenizerManager validates it once (runtime/tokenizer/manager.py `_validate`); `openai` set by the
+    OpenAI routes words the errors with their parameter names."""
 
     text: str | None = None
     input_ids: list[int] | None = None
@@ -38,10 +50,38 @@ class GenerateRequest:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
+    openai: OpenAINames | None = None
 
 
-def _is_int(x: Any) -> bool:
+def is_int(x: Any) -> bool:
+    """A JSON integer (bool is an int subclass in Python, never one in JSON)."""
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def fit_context(context_len: int, prompt_len: int, requested: int | None, default: int | None,
+                names: OpenAINames | None) -> int:
+    """The one context-length check: max_new_tokens to send, `requested` (which must fit) or the default
+    clamped to the room left (`default` None: all of it). Native or OpenAI wording by `names`."""
+    room = context_len - prompt_len
+    if names is None:
+        if room <= 0 or (requested is not None and requested > room):
+            want = requested if requested is not None else default
+            raise RequestError(
+                f"This model's maximum context length is {context_len} tokens. However, you requested "
+                f"{prompt_len + want} tokens ({prompt_len} in the prompt, {want} for the completion).",
+                "sampling_params.max_new_tokens", "context_length_exceeded")
+    elif room <= 0:
+        raise RequestError(f"This model's maximum context length is {context_len} tokens. However, your "
+                           f"{names.prompt} resulted in {prompt_len} tokens. Please reduce the length of the "
+                           f"{names.prompt}.", names.prompt, "context_length_exceeded")
+    elif requested is not None and requested > room:
+        raise RequestError(f"This model's maximum context length is {context_len} tokens. However, you requested "
+                           f"{prompt_len + requested} tokens ({prompt_len} in the {names.prompt}, {requested} in the "
+                           f"completion). Please reduce the length of the {names.prompt} or completion.",
+                           names.max_tokens, "context_length_exceeded")
+    if requested is not None:
+        return requested
+    return room if default is None else min(default, room)
 
 
 def _bool(body: dict, key: str, default: bool = False) -> bool:
@@ -83,10 +123,10 @@ def _prompts(body: dict) -> tuple[list[str | None], list[list[int] | None], bool
             return list(text), [None] * len(text), True
         raise RequestError("text must be a string or a non-empty list of strings", "text", "invalid_type")
     if ids is not None:
-        if isinstance(ids, list) and ids and all(_is_int(t) for t in ids):
+        if isinstance(ids, list) and ids and all(is_int(t) for t in ids):
             return [None], [list(ids)], False
         if (isinstance(ids, list) and ids and all(isinstance(r, list) for r in ids)
-                and all(_is_int(t) for r in ids for t in r)):
+                and all(is_int(t) for r in ids for t in r)):
             return [None] * len(ids), [list(r) for r in ids], True
         raise RequestError("input_ids must be a non-empty list of token ids or a list of such lists",
                            "input_ids", "invalid_type")
@@ -139,8 +179,8 @@ def normalize_generate(body: Any) -> tuple[list[GenerateRequest], bool]:
     if stream and is_batch:
         raise RequestError("streaming is supported for a single prompt only", "stream")
     ret_lp = _per_item(body, "return_logprob", n, False, lambda x: isinstance(x, bool))
-    start = _per_item(body, "logprob_start_len", n, -1, _is_int)
-    top = _per_item(body, "top_logprobs_num", n, 0, _is_int)
+    start = _per_item(body, "logprob_start_len", n, -1, is_int)
+    top = _per_item(body, "top_logprobs_num", n, 0, is_int)
     text_lp = _bool(body, "return_text_in_logprobs")
     return [GenerateRequest(texts[i], ids[i], sps[i], rids[i], stream, ret_lp[i], start[i], top[i], text_lp)
             for i in range(n)], is_batch

@@ -29,6 +29,7 @@ import zmq
 import zmq.asyncio
 
 from runtime.config import Config
+from runtime.constrained import validate_params
 from runtime.ipc import AsyncReceiver, Endpoints, Sender
 from runtime.messages import (
     AbortReq,
@@ -44,7 +45,7 @@ from runtime.messages import (
     ToTokenizer,
 )
 from runtime.sampling.params import SamplingParams
-from runtime.tokenizer.generate_input import GenerateRequest, RequestError
+from runtime.tokenizer.generate_input import GenerateRequest, OpenAINames, RequestError, fit_context
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,19 @@ class StatsSink(Protocol):
     def on_generated(self, num_tokens: int) -> None: ...
     def on_finish(self, e2e: float, prompt_tokens: int, completion_tokens: int, cached_tokens: int,
                   finish_type: str) -> None: ...
+
+
+def check_constraint(sp: SamplingParams, whitespace: str | None, names: OpenAINames | None) -> None:
+    """The grammar backend's cheap front-end check, so a bad regex or schema is a 400 before anything is
+    scheduled (the one place a request's constraint is validated before the scheduler compiles it)."""
+    try:
+        validate_params(sp, whitespace)
+    except ValueError as e:
+        code = getattr(e, "code", "invalid_value")
+        if names is not None and names.constraint is not None:
+            raise RequestError(f"'{names.constraint}': {e}"[:500], names.constraint, code) from None
+        kind = next(k for k in ("regex", "json_schema", "ebnf", "choices") if getattr(sp, k) is not None)
+        raise RequestError(f"{kind}: {e}"[:500], f"sampling_params.{kind}", code) from None
 
 
 class ReqState:
@@ -223,13 +237,16 @@ class TokenizerManager:
             raise RequestError(f"at most {srv.max_stop_strings} stop strings of at most "
                                f"{srv.max_stop_string_len} characters", "sampling_params.stop")
         if any(x is not None for x in (sp.regex, sp.json_schema, sp.ebnf, sp.choices)):
-            self._check_constraint(sp)
+            if self.cfg.grammar.grammar_backend == "none":
+                raise RequestError("constrained decoding is off (--grammar-backend none)", "sampling_params")
+            check_constraint(sp, self.cfg.grammar.constrained_json_whitespace_pattern, req.openai)
         if not 0 <= req.top_logprobs_num <= srv.max_top_logprobs:
             raise RequestError(f"top_logprobs_num must be in [0, {srv.max_top_logprobs}]", "top_logprobs_num")
+        names = req.openai
         if req.text is not None:
             if len(req.text) > 32 * self.context_len:
                 raise RequestError(f"the prompt is far longer than the context ({self.context_len} tokens)",
-                                   "text", "context_length_exceeded")
+                                   "text" if names is None else names.prompt, "context_length_exceeded")
             ids = self.tokenizer.encode(req.text)
         else:
             ids = req.input_ids or []
@@ -239,31 +256,12 @@ class TokenizerManager:
             raise RequestError("the prompt is empty", "text" if req.text is not None else "input_ids")
         if not -1 <= req.logprob_start_len < len(ids):
             raise RequestError(f"logprob_start_len must be in [-1, {len(ids)})", "logprob_start_len")
-        room = self.context_len - len(ids)
-        explicit = (req.sampling_params or {}).get("max_new_tokens") is not None
-        if room <= 0 or (explicit and sp.max_new_tokens > room):
-            raise RequestError(
-                f"This model's maximum context length is {self.context_len} tokens. However, you requested "
-                f"{len(ids) + sp.max_new_tokens} tokens ({len(ids)} in the prompt, {sp.max_new_tokens} for the "
-                "completion).", "sampling_params.max_new_tokens", "context_length_exceeded")
-        if sp.max_new_tokens > room:
-            sp = msgspec.structs.replace(sp, max_new_tokens=room)  # the default, not asked for: clamp
+        requested = (req.sampling_params or {}).get("max_new_tokens")
+        default = sp.max_new_tokens if names is None else names.default_max_tokens
+        max_new = fit_context(self.context_len, len(ids), requested, default, names)
+        if max_new != sp.max_new_tokens:
+            sp = msgspec.structs.replace(sp, max_new_tokens=max_new)
         return sp, ids
-
-    def _check_constraint(self, sp: SamplingParams) -> None:
-        """The grammar backend's cheap front-end check, so a bad regex or schema is a 400 here."""
-        if self.cfg.grammar.grammar_backend == "none":
-            raise RequestError("constrained decoding is off (--grammar-backend none)", "sampling_params")
-        try:
-            from runtime.constrained import validate_params
-        except ImportError:
-            return
-        try:
-            validate_params(sp, self.cfg.grammar.constrained_json_whitespace_pattern)
-        except ValueError as e:
-            kind = next(k for k in ("regex", "json_schema", "ebnf", "choices") if getattr(sp, k) is not None)
-            raise RequestError(f"{kind}: {e}"[:500], f"sampling_params.{kind}",
-                               getattr(e, "code", "invalid_value")) from None
 
     def result(self, st: ReqState) -> dict[str, Any]:
         """A native /generate result for `st` (cumulative text), plus `index`."""

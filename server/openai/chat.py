@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from runtime.tokenizer.chat_template import resolve_chat_template
-from runtime.tokenizer.generate_input import GenerateRequest, RequestError
+from runtime.tokenizer.generate_input import GenerateRequest, OpenAINames, RequestError
 from runtime.tokenizer.manager import TokenizerManager
 from server.http import JSON, ClientGone, ServerState, get_state, until_disconnect
 from server.openai import common as C
@@ -203,12 +203,14 @@ async def chat_completions(request: Request) -> Response:
             plan = T.ToolPlan(plan.tools, "auto")
         else:
             cons, cons_param = {"json_schema": json.dumps(plan.schema(), separators=(",", ":"))}, "tools"
-    P.check_constraint(cons, cons_param, state.cfg.grammar.constrained_json_whitespace_pattern)
     ids = _tokenize(body, state, tm, messages, plan)
-    sp.update(cons, n=n, max_new_tokens=C.context_check(tm.context_len, len(ids), max_new, max_key, "messages"))
+    sp.update(cons, n=n)
+    if max_new is not None:
+        sp["max_new_tokens"] = max_new
     cid = C.new_id("chatcmpl")
+    names = OpenAINames(prompt="messages", max_tokens=max_key, constraint=cons_param)
     handle = tm.submit(GenerateRequest(input_ids=ids, sampling_params=sp, rid=cid, stream=stream,
-                                       return_logprob=want_lp, top_logprobs_num=top))
+                                       return_logprob=want_lp, top_logprobs_num=top, openai=names))
     fmt = LogprobFormatter(tm) if want_lp else None
     base = {"id": cid, "object": "chat.completion.chunk", "created": C.now(), "model": model,
             "system_fingerprint": None}

@@ -131,20 +131,3 @@ def usage_dict(state: ServerState, prompt: int, completion: int, cached: int) ->
                            "total_tokens": prompt + completion}
     out["prompt_tokens_details"] = {"cached_tokens": cached} if state.cfg.server.enable_cache_report else None
     return out
-
-
-def context_check(state_ctx: int, prompt_len: int, max_new: int | None, max_key: str, prompt_key: str) -> int:
-    """max_new_tokens to send: the request's (which must fit the context) or what room is left."""
-    room = state_ctx - prompt_len
-    if room <= 0:
-        raise RequestError(f"This model's maximum context length is {state_ctx} tokens. However, your "
-                           f"{prompt_key} resulted in {prompt_len} tokens. Please reduce the length of the "
-                           f"{prompt_key}.", prompt_key, "context_length_exceeded")
-    if max_new is None:
-        return room
-    if max_new > room:
-        raise RequestError(f"This model's maximum context length is {state_ctx} tokens. However, you requested "
-                           f"{prompt_len + max_new} tokens ({prompt_len} in the {prompt_key}, {max_new} in the "
-                           f"completion). Please reduce the length of the {prompt_key} or completion.", max_key,
-                           "context_length_exceeded")
-    return max_new

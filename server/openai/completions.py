@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from runtime.tokenizer.generate_input import GenerateRequest, RequestError
+from runtime.tokenizer.generate_input import GenerateRequest, OpenAINames, RequestError, is_int
 from runtime.tokenizer.manager import TokenizerManager
 from server.http import JSON, ClientGone, ServerState, get_state, until_disconnect
 from server.openai import common as C
@@ -36,10 +36,6 @@ KNOWN = frozenset({
 DEFAULT_MAX_TOKENS = 16
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def parse_prompts(v: Any, tm: TokenizerManager) -> list[tuple[list[int], str | None]]:
     """[(token ids, prompt text or None for id prompts)] for each prompt."""
     if v is None:
@@ -49,7 +45,7 @@ def parse_prompts(v: Any, tm: TokenizerManager) -> list[tuple[list[int], str | N
     elif isinstance(v, list):
         if not v:
             raise RequestError("'prompt' must not be empty", "prompt", "empty_array")
-        items = [v] if all(_is_int(t) for t in v) else v
+        items = [v] if all(is_int(t) for t in v) else v
     else:
         raise RequestError("'prompt' must be a string, an array of strings, an array of token ids or an array "
                            "of token-id arrays", "prompt", "invalid_type")
@@ -63,7 +59,7 @@ def parse_prompts(v: Any, tm: TokenizerManager) -> list[tuple[list[int], str | N
                 raise RequestError(f"the prompt is far longer than the context ({tm.context_len} tokens)", param,
                                    "context_length_exceeded")
             out.append((tm.tokenizer.encode(p), p))
-        elif isinstance(p, list) and all(_is_int(t) for t in p):
+        elif isinstance(p, list) and all(is_int(t) for t in p):
             if not p:
                 raise RequestError("the prompt is empty", param, "empty_array")
             if any(not 0 <= t < tm.vocab_size for t in p):
@@ -74,7 +70,7 @@ def parse_prompts(v: Any, tm: TokenizerManager) -> list[tuple[list[int], str | N
     return out
 
 
-def _constraint(body: P.Body, whitespace: str | None) -> dict[str, str]:
+def _constraint(body: P.Body) -> tuple[dict[str, str], str | None]:
     js = body.raw("json_schema")
     text = None
     if js is not None:
@@ -84,9 +80,7 @@ def _constraint(body: P.Body, whitespace: str | None) -> dict[str, str]:
             except ValueError:
                 raise RequestError("'json_schema' is not valid JSON", "json_schema", "invalid_value") from None
         text = P.check_schema(js, "json_schema")
-    cons, param = P.constraint(body, text)
-    P.check_constraint(cons, param, whitespace)
-    return cons
+    return P.constraint(body, text)
 
 
 @router.post("/v1/completions")
@@ -110,18 +104,20 @@ async def completions(request: Request) -> Response:
     if stream and echo and k is not None:
         raise RequestError("'echo' with 'logprobs' is not supported when streaming", "echo", "invalid_value")
     sp = P.sampling_params(body, srv, tm.vocab_size)
-    sp.update(_constraint(body, state.cfg.grammar.constrained_json_whitespace_pattern), n=n)
+    cons, cons_param = _constraint(body)
+    sp.update(cons, n=n)
     max_new, _ = P.max_tokens(body, ("max_tokens",))
+    if max_new is not None:
+        sp["max_new_tokens"] = max_new
     reqs = []
     cid = C.new_id("cmpl")
     for i, (ids, _text) in enumerate(prompts):
         param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
-        room = tm.context_len - len(ids)
-        want = max_new if max_new is not None else min(DEFAULT_MAX_TOKENS, max(room, 1))
-        spi = {**sp, "max_new_tokens": C.context_check(tm.context_len, len(ids), want, "max_tokens", param)}
-        reqs.append(GenerateRequest(input_ids=ids, sampling_params=spi, rid=f"{cid}-{i}", stream=stream,
+        names = OpenAINames(prompt=param, max_tokens="max_tokens", constraint=cons_param,
+                            default_max_tokens=DEFAULT_MAX_TOKENS)
+        reqs.append(GenerateRequest(input_ids=ids, sampling_params=sp, rid=f"{cid}-{i}", stream=stream,
                                     return_logprob=k is not None, logprob_start_len=0 if echo and k is not None
-                                    else -1, top_logprobs_num=k or 0))
+                                    else -1, top_logprobs_num=k or 0, openai=names))
     handles = tm.submit_many(reqs)
     fmt = LogprobFormatter(tm) if k is not None else None
     echoes = [(text if text is not None else tm.tokenizer.decode(ids, skip_special_tokens=False)) if echo else "" for ids, text in prompts]

@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 
 from runtime.config import ServerConfig
-from runtime.tokenizer.generate_input import RequestError
+from runtime.tokenizer.generate_input import RequestError, is_int
 
 logger = logging.getLogger(__name__)
 
@@ -50,10 +50,6 @@ def refuse_unsupported(data: dict[str, Any]) -> None:
     if data.get("web_search_options") is not None:
         raise RequestError("'web_search_options': web search is not supported", "web_search_options",
                            "unsupported_parameter")
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _is_num(x: Any) -> bool:
@@ -102,7 +98,7 @@ class Body:
         v = self.data.get(key)
         if v is None:
             return None
-        if not _is_int(v):
+        if not is_int(v):
             raise RequestError(f"'{key}' must be an integer, got {v!r}"[:200], key, "invalid_type")
         if lo is not None and v < lo:
             raise RequestError(f"'{key}' must be at least {lo}, got {v}", key, "integer_below_min_value")
@@ -153,7 +149,7 @@ def sampling_params(body: Body, srv: ServerConfig, vocab_size: int) -> dict[str,
         sp["stop"] = stop
     ids = body.raw("stop_token_ids")
     if ids is not None:
-        if not (isinstance(ids, list) and all(_is_int(t) and 0 <= t < vocab_size for t in ids)):
+        if not (isinstance(ids, list) and all(is_int(t) and 0 <= t < vocab_size for t in ids)):
             raise RequestError(f"'stop_token_ids' must be a list of token ids in [0, {vocab_size})",
                                "stop_token_ids", "invalid_value")
         sp["stop_token_ids"] = ids
@@ -330,19 +326,3 @@ def constraint(body: Body, srv_json_schema: str | None = None) -> tuple[dict[str
     for param, (key, value) in found.items():
         return {key: value}, param
     return {}, None
-
-
-def check_constraint(cons: dict[str, str], param: str | None, whitespace: str | None) -> None:
-    """The grammar backend's cheap front-end check (unsupported keywords, recursion, size caps): a 400
-    before anything is scheduled. Skipped when the constrained-decoding package is absent."""
-    if not cons:
-        return
-    try:
-        from runtime.constrained.schema import validate
-    except ImportError:
-        return
-    ((kind, spec),) = cons.items()
-    try:
-        validate(kind, spec, whitespace)
-    except ValueError as e:
-        raise RequestError(f"'{param}': {e}"[:500], param, getattr(e, "code", "invalid_value")) from None

@@ -13,7 +13,7 @@ from runtime.tokenizer.manager import ReqState
 from server.cli import build_parser, config_from_args, field_docs
 from server.metrics import Metrics
 
-SGLANG_FLAGS = ["--model-path", "--host", "--port", "--served-model-name", "--context-length", "--max-running-requests", "--max-total-tokens", "--chunked-prefill-size", "--max-prefill-tokens", "--schedule-policy", "--disable-radix-cache", "--grammar-backend", "--api-key", "--chat-template", "--stream-interval", "--random-seed", "--log-level", "--tp-size", "--dp-size", "--attention-backend", "--dtype", "--enable-metrics", "--enable-cache-report"]
+SGLANG_FLAGS = ["--model-path", "--host", "--port", "--served-model-name", "--context-length", "--max-running-requests", "--max-total-tokens", "--chunked-prefill-size", "--max-prefill-tokens", "--schedule-policy", "--disable-radix-cache", "--grammar-backend", "--api-key", "--chat-template", "--stream-interval", "--random-seed", "--log-level", "--attention-backend", "--dtype", "--enable-metrics", "--enable-cache-report"]
 
 
 def _serve_parser():

@@ -8,7 +8,9 @@ import json
 import pytest
 
 from runtime.config import ServerConfig
-from runtime.tokenizer.generate_input import RequestError
+from runtime.sampling.params import SamplingParams
+from runtime.tokenizer.generate_input import OpenAINames, RequestError
+from runtime.tokenizer.manager import check_constraint
 from server.openai import params as P
 from server.openai import tools as T
 
@@ -207,11 +209,11 @@ def test_prompt_without_native_tools():
     ({"ebnf": "root ::= 'a'"}, "invalid_value"),
 ])
 def test_check_constraint_uses_the_grammar_validator(cons, code):
-    pytest.importorskip("runtime.constrained.schema")
-    e = err(P.check_constraint, cons, "response_format", None)
+    names = OpenAINames(prompt="messages", max_tokens="max_tokens", constraint="response_format")
+    e = err(check_constraint, SamplingParams.from_dict(cons), None, names)
     assert (e.status, e.param, e.code) == (400, "response_format", code)
-    P.check_constraint({"json_schema": '{"type": "object"}'}, "response_format", None)
-    P.check_constraint({}, None, None)
+    check_constraint(SamplingParams.from_dict({"json_schema": '{"type": "object"}'}), None, names)
+    check_constraint(SamplingParams.from_dict({}), None, None)
 
 
 # ---------------------------------------------------------------- the chat chunk sequence (fake handle)
