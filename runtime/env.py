@@ -1,4 +1,4 @@
-"""Environment variables: the one module that reads `RADIXGEN_*` (DESIGN.md section 7).
+"""Environment variables: the one module that reads `RADIXGEN_*`.
 
 Everything tunable by users goes through the config dataclasses and CLI flags; these are knobs for operators
 and tests that must reach child processes without a flag. Read once per call of `load_env()`, never cached

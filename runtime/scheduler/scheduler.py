@@ -1,4 +1,4 @@
-"""The scheduler: continuous batching over a radix prefix cache (DESIGN.md sections 3 to 5b).
+"""The scheduler: continuous batching over a radix prefix cache (docs/architecture.md).
 
 Input: `handle(msg)` for TokenizedGenerateReq / AbortReq / FlushCacheReq / GetInternalStateReq.
 Output: `step()` runs one iteration and returns a ReqTokenOut for every request that produced tokens or

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible API (shared/REFERENCE.md): /v1/chat/completions, /v1/completions, /v1/models, and
+"""The OpenAI-compatible API (docs/protocol.md): /v1/chat/completions, /v1/completions, /v1/models, and
 SGLang's /tokenize and /detokenize (also under /v1/).
 
 Modules: `params` (body validation and the OpenAI -> sampling-params mapping), `tools` (tool prompts,

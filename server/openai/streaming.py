@@ -1,7 +1,7 @@
 """SSE for the OpenAI routes: merging several prompts' handles, the error-chunk-then-[DONE] guard, and the
 chat chunk sequence.
 
-Chat stream, per REFERENCE.md: for each choice a first chunk whose delta carries `role: assistant`; content
+Chat stream, as OpenAI streams it: for each choice a first chunk whose delta carries `role: assistant`; content
 deltas (with their tokens' logprobs when asked); tool calls as `delta.tool_calls[{index, id, type, function:
 {name, arguments}}]` (a named tool_choice streams argument fragments, `required` and auto-detected calls come
 whole at the end); one chunk per choice with `finish_reason`; when `stream_options.include_usage`, a last

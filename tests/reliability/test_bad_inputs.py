@@ -1,4 +1,4 @@
-"""The bad inputs of shared/reference/serving-reliability.md section 3 against the native /generate route
+"""The numbered bad-input cases against the native /generate route
 (table-driven: row, body, status, param, code), plus the /v1 rows that tests/server/test_openai_errors.py
 does not cover (100 MB chunked body, text/plain, model omitted, more media URLs). The /v1 table itself
 lives there. Afterwards /health_generate is 200, nothing runs and no KV slot leaked.

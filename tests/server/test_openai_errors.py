@@ -1,4 +1,4 @@
-"""Bad inputs on /v1 (shared/reference/serving-reliability.md section 3, rows 1-39 that apply) against one
+"""Bad inputs on /v1 (the numbered bad-input cases 1-39 that apply, shared with tests/reliability/test_bad_inputs.py) against one
 real server started with --api-key: each gets its documented status and the OpenAI error envelope, and
 afterwards /health_generate is 200 and no KV slot leaked."""
 
