@@ -71,7 +71,7 @@ def test_context_manager_leaves_no_processes():
     os.environ["RADIXGEN_SCHEDULER_FACTORY"] = "tests.server.fake_scheduler:create"
     try:
         with runtime.Engine() as eng:
-            pids = [p for p in eng._group.pids.values() if p]
+            pids = [p for p in eng._launch.group.pids.values() if p]
             assert eng.generate("a b c", {"max_new_tokens": 3})["text"] == "a b c"
     finally:
         del os.environ["RADIXGEN_SCHEDULER_FACTORY"]
