@@ -27,7 +27,7 @@ import jsonschema  # noqa: E402
 
 from runtime.config import GrammarConfig  # noqa: E402
 from runtime.constrained import Grammar, GrammarBackend, plan_jump_forward  # noqa: E402
-from runtime.tokenizer.tokenizer import load_tokenizer  # noqa: E402
+from runtime.tokenizer.load import load_tokenizer  # noqa: E402
 from tests.runtime.test_constrained import LONG_KEYS, SCHEMAS  # noqa: E402
 
 PERSON = {"type": "object", "properties": {

@@ -20,11 +20,11 @@ from runtime.messages import TokenizedGenerateReq
 from runtime.models.registry import default_model_path
 from runtime.sampling.params import SamplingParams
 from runtime.scheduler import Scheduler
-from runtime.tokenizer.tokenizer import Tokenizer
+from runtime.tokenizer.load import load_tokenizer
 
 dtype = sys.argv[1]
 path = default_model_path()
-tok = Tokenizer.from_gguf(path)
+tok = load_tokenizer(path)
 cfg = make_config(model_path=path, dtype=dtype, max_total_tokens=60000, max_running_requests=64)
 r = create_model_runner(cfg, progress=False)
 s = Scheduler(r, r.allocator, r.req_to_token, cfg, r.eos_token_ids, tok.decode)

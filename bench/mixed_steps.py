@@ -29,7 +29,7 @@ from runtime.executor.model_runner import create_model_runner  # noqa: E402
 from runtime.messages import TokenizedGenerateReq  # noqa: E402
 from runtime.sampling.params import SamplingParams  # noqa: E402
 from runtime.scheduler import Scheduler  # noqa: E402
-from runtime.tokenizer.tokenizer import load_tokenizer  # noqa: E402
+from runtime.tokenizer.load import load_tokenizer  # noqa: E402
 
 MODES = {"mixed": {}, "separated": {"disable_mixed_steps": True}}
 

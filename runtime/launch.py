@@ -216,7 +216,7 @@ class Launch:
     def wait_ready(self) -> tuple[Any, ModelInfo]:
         """Load the tokenizer in a daemon thread while the children load; (tokenizer, the scheduler's
         ModelInfo) once both are done. A failure of either raises (LaunchError for the children)."""
-        from runtime.tokenizer.tokenizer import load_tokenizer
+        from runtime.tokenizer.load import load_tokenizer
 
         box: list[Any] = []
 

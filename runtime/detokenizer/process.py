@@ -42,7 +42,7 @@ class DetokenizerLoop:
 
 def _build_detokenizer_loop(cfg: Config, ctx: zmq.Context, spec: dict) -> DetokenizerLoop:
     from runtime.detokenizer.state import Detokenizer
-    from runtime.tokenizer.tokenizer import load_tokenizer
+    from runtime.tokenizer.load import load_tokenizer
 
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.model_path)
     detok = Detokenizer(tok.decode, spec.get("detokenizer_max_states", 65536))

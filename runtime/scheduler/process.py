@@ -49,7 +49,7 @@ def create_scheduler(cfg: Config) -> tuple[Any, ModelInfo]:
     the parent needs to know."""
     from runtime.executor.model_runner import create_model_runner
     from runtime.scheduler import Scheduler
-    from runtime.tokenizer.tokenizer import load_tokenizer
+    from runtime.tokenizer.load import load_tokenizer
 
     runner = create_model_runner(cfg, progress=False)
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.model_path)

@@ -104,7 +104,7 @@ def test_no_pickle_across_processes():
 
 def test_special_token_text_in_chat_content_cannot_open_a_role():
     from runtime.models.registry import resolve_model_path
-    from runtime.tokenizer.tokenizer import load_tokenizer
+    from runtime.tokenizer.load import load_tokenizer
 
     tok = load_tokenizer(resolve_model_path(None))
     im_start = tok.encode("<|im_start|>", add_special_tokens=False)

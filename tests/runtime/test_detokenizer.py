@@ -19,7 +19,7 @@ TEXTS = [
 @pytest.fixture(scope="module")
 def tok():
     from runtime.models.registry import default_model_path
-    from runtime.tokenizer.tokenizer import load_tokenizer
+    from runtime.tokenizer.load import load_tokenizer
 
     return load_tokenizer(default_model_path())
 

@@ -19,9 +19,9 @@ SYSTEM = "You are a concise assistant. Answer in one short sentence."
 
 @pytest.fixture(scope="module")
 def tok(smollm_path):
-    from runtime.tokenizer.tokenizer import Tokenizer
+    from runtime.tokenizer.load import load_tokenizer
 
-    return Tokenizer.from_gguf(smollm_path)
+    return load_tokenizer(smollm_path)
 
 
 def chat(tok, question: str, system: str = SYSTEM) -> list[int]:

