@@ -15,36 +15,34 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from runtime.tokenizer.generate_input import RequestError
+from runtime.tokenizer.manager import TokenizerManager
 from server.http import JSON, get_state
 from server.openai import common as C
 
 router = APIRouter()
 
 
-def _object(body: Any) -> dict[str, Any]:
+async def _read(request: Request, data_key: str, flag_key: str) -> tuple[TokenizerManager, Any, bool]:
+    """The TokenizerManager, the body's `data_key` value (required) and its `flag_key` boolean (default true);
+    the model, when given, must be one this server serves."""
+    state = get_state(request)
+    tm = state.require_tm()
+    body = await C.read_body(request, state)
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object", None, "invalid_type")
-    return body
-
-
-def _flag(body: dict[str, Any], key: str) -> bool:
-    value = body.get(key, True)
-    if not isinstance(value, bool):
-        raise RequestError(f"'{key}' must be a boolean", key, "invalid_type")
-    return value
+    C.check_model(state, body.get("model"))
+    flag = body.get(flag_key, True)
+    if not isinstance(flag, bool):
+        raise RequestError(f"'{flag_key}' must be a boolean", flag_key, "invalid_type")
+    if body.get(data_key) is None:
+        raise RequestError(f"'{data_key}' is required", data_key, "missing_required_parameter")
+    return tm, body[data_key], flag
 
 
 @router.post("/tokenize")
 @router.post("/v1/tokenize")
 async def tokenize(request: Request) -> Response:
-    state = get_state(request)
-    tm = state.require_tm()
-    body = _object(await C.read_body(request, state))
-    C.check_model(state, body.get("model"))
-    add_special = _flag(body, "add_special_tokens")
-    prompt = body.get("prompt")
-    if prompt is None:
-        raise RequestError("'prompt' is required", "prompt", "missing_required_parameter")
+    tm, prompt, add_special = await _read(request, "prompt", "add_special_tokens")
     if isinstance(prompt, str):
         ids = tm.tokenizer.encode(prompt, add_special_tokens=add_special)
         return JSON({"tokens": ids, "count": len(ids), "max_model_len": tm.context_len})
@@ -67,14 +65,7 @@ def _ids(tokens: Any, vocab_size: int) -> list[int]:
 @router.post("/detokenize")
 @router.post("/v1/detokenize")
 async def detokenize(request: Request) -> Response:
-    state = get_state(request)
-    tm = state.require_tm()
-    body = _object(await C.read_body(request, state))
-    C.check_model(state, body.get("model"))
-    skip = _flag(body, "skip_special_tokens")
-    if "tokens" not in body:
-        raise RequestError("'tokens' is required", "tokens", "missing_required_parameter")
-    tokens = body["tokens"]
+    tm, tokens, skip = await _read(request, "tokens", "skip_special_tokens")
     if isinstance(tokens, list) and tokens and all(isinstance(t, list) for t in tokens):
         return JSON({"text": [_decode(tm.tokenizer, _ids(t, tm.vocab_size), skip) for t in tokens]})
     return JSON({"text": _decode(tm.tokenizer, _ids(tokens, tm.vocab_size), skip)})
