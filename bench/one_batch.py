@@ -2,9 +2,12 @@
 
 Prefill tokens/s for a 512-token prompt and decode tokens/s at batch 1, 8 and 32 (each request holding a
 512-token context), in float32 and bfloat16, median of N runs. Writes bench/results/one_batch.md.
+Every configuration is built first, then the runs alternate between them (run 1 of each, run 2 of each, ...)
+so a shared machine's load hits them alike.
 
     python bench/one_batch.py [--runs 5] [--dtypes float32 bfloat16] [--device cpu] [--decode-steps 16]
                               [--cuda-graph on off]   (CUDA: decode with captured graphs and eagerly, side by side)
+                              [--compile on off]      (CPU: compiled decode graphs and eager, side by side)
 """
 
 from __future__ import annotations
@@ -73,24 +76,34 @@ def main() -> None:
     ap.add_argument("--decode-steps", type=int, default=16)
     ap.add_argument("--cuda-graph", nargs="+", default=["on"], choices=["on", "off"],
                     help="CUDA only: decode through captured graphs (on) and/or eagerly (off)")
+    ap.add_argument("--compile", nargs="+", default=["on"], choices=["on", "off"],
+                    help="CPU only: decode through torch.compile'd graphs (on) and/or eagerly (off)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "one_batch.md"))
     args = ap.parse_args()
-    modes = args.cuda_graph if args.device == "cuda" else ["on"]
-    rows = []
+    modes = args.cuda_graph if args.device == "cuda" else args.compile
+    what = "graphs" if args.device == "cuda" else "compile"
+    runners = []
     for dtype, mode in [(d, m) for d in args.dtypes for m in modes]:
-        cfg = make_config(dtype=dtype, device=args.device, max_total_tokens=(args.prompt_len + 64) * 34,
-                          max_running_requests=40, chunked_prefill_size=-1, disable_cuda_graph=mode == "off")
-        runner = create_model_runner(cfg, progress=False)
+        cfg = make_config(dtype=dtype, device=args.device, max_total_tokens=(args.prompt_len + 64) * 34 * 2,
+                          max_running_requests=40, chunked_prefill_size=-1, disable_cuda_graph=mode == "off",
+                          disable_compile=mode == "off", compile_max_bs=max(args.batch_sizes))
+        t = time.perf_counter()
+        runner = create_model_runner(cfg, progress=True)
+        print(f"{dtype}, {what} {mode}: start-up {time.perf_counter() - t:.1f} s", flush=True)
         bench_prefill(runner, 64, args.device)  # warm-up
-        pre = [bench_prefill(runner, args.prompt_len, args.device) for _ in range(args.runs)]
-        label = dtype if args.device != "cuda" else f"{dtype}, graphs {mode}"
-        row = {"dtype": label, "prefill": statistics.median(pre)}
-        for bs in args.batch_sizes:
-            dec = bench_decode(runner, bs, args.prompt_len, args.decode_steps, args.runs, args.device)
-            row[f"decode_bs{bs}"] = statistics.median(dec)
+        runners.append((f"{dtype}, {what} {mode}", runner))
+    samples: dict[str, dict[str, list[float]]] = {label: {} for label, _ in runners}
+    for _ in range(args.runs):
+        for label, runner in runners:
+            samples[label].setdefault("prefill", []).append(bench_prefill(runner, args.prompt_len, args.device))
+            for bs in args.batch_sizes:
+                dec = bench_decode(runner, bs, args.prompt_len, args.decode_steps, 1, args.device)
+                samples[label].setdefault(f"decode_bs{bs}", []).extend(dec)
+    rows = []
+    for label, _ in runners:
+        row = {"dtype": label, **{k: statistics.median(v) for k, v in samples[label].items()}}
         rows.append(row)
         print(row, flush=True)
-        del runner
     head = ["dtype", f"prefill tok/s ({args.prompt_len})"] + [f"decode tok/s bs={b}" for b in args.batch_sizes]
     lines = ["# bench/one_batch.py", "",
              f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "

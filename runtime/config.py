@@ -21,7 +21,8 @@ class ModelConfig:
     served_model_name: str | None = None
     """Model name reported by the API (default: derived from the model path)."""
     dtype: str = "auto"
-    """Weights and activations dtype: auto, float32 or bfloat16 (auto: float32 on CPU, bfloat16 on CUDA)."""
+    """Weights and activations dtype: auto, float32 or bfloat16 (auto: bfloat16 on CUDA and on CPUs with native
+    bf16, avx512_bf16 or amx_bf16 in /proc/cpuinfo; float32 on other CPUs)."""
     device: str = "auto"
     """Device to run on: auto, cpu or cuda."""
     context_length: int | None = None
@@ -37,6 +38,12 @@ class ModelConfig:
     """Do not capture CUDA graphs for decode."""
     cuda_graph_max_bs: int = 160
     """Largest decode batch replayed from a captured CUDA graph (also capped by max_running_requests)."""
+    disable_compile: bool = False
+    """CPU: run the forward eagerly instead of torch.compile'd (inductor) decode graphs per batch-size bucket
+    (RADIXGEN_DISABLE_COMPILE=1 does the same; the test suite sets it)."""
+    compile_max_bs: int = 32
+    """CPU: largest decode batch run through a compiled graph (one compile per bucket up to it; larger batches
+    and extend steps run eagerly)."""
     mem_fraction_static: float = 0.85
     """Fraction of total GPU memory that weights plus the KV pool may hold (the rest: activations, graphs)."""
 
@@ -121,8 +128,9 @@ class ServerConfig:
     """Most stop strings per request."""
     max_stop_string_len: int = 256
     """Longest stop string in characters."""
-    startup_timeout: float = 300.0
-    """Seconds to wait for the child processes to report ready."""
+    startup_timeout: float = 1200.0
+    """Seconds to wait for the child processes to report ready (a first start on CPU includes the inductor
+    compiles of the decode graphs: minutes on 2 cores; later starts hit the compile caches)."""
     shutdown_timeout: float = 0.0
     """Seconds to let running requests finish on SIGTERM before stopping."""
 
@@ -174,10 +182,21 @@ def resolve(cfg: Config) -> Config:
 
         model = dataclasses.replace(model, device="cuda" if torch.cuda.is_available() else "cpu")
     if model.dtype == "auto":
-        model = dataclasses.replace(model, dtype="bfloat16" if model.device == "cuda" else "float32")
+        bf16 = model.device == "cuda" or cpu_has_native_bf16()
+        model = dataclasses.replace(model, dtype="bfloat16" if bf16 else "float32")
     if model.attention_backend == "auto" and model.device == "cuda":  # CPU auto: kernels.create_attn_backend
         import importlib.util
 
         backend = "flashinfer" if importlib.util.find_spec("flashinfer") else "triton"
         model = dataclasses.replace(model, attention_backend=backend)
     return dataclasses.replace(cfg, model=model, scheduler=sched)
+
+
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """True when the CPU computes bf16 natively (AVX512-BF16 or AMX-BF16 flags); False when unknown."""
+    try:
+        with open(cpuinfo) as fh:
+            flags = fh.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags

@@ -24,6 +24,9 @@ class Env:
     """RADIXGEN_ABORT_CONFIRM_TIMEOUT: seconds an aborted request's state waits for the scheduler's confirm."""
     parent_poll_interval: float = 0.5
     """RADIXGEN_PARENT_POLL_INTERVAL: how often children check that their parent is still alive."""
+    disable_compile: bool = False
+    """RADIXGEN_DISABLE_COMPILE: 1 runs the CPU forward eagerly whatever --disable-compile says (tests set it so
+    that only the tests marked for it pay for inductor compiles)."""
     fault_inject_rid: str | None = None
     """RADIXGEN_FAULT_INJECT_RID: testing only, off by default. The scheduler raises while processing the
     sampled token of the request whose rid is exactly this (tests/reliability/test_fault_inject.py)."""
@@ -42,6 +45,14 @@ def _get(name: str, cast: type, default: object) -> object:
         raise ValueError(f"RADIXGEN_{name}={raw!r} is not a valid {cast.__name__}") from None
 
 
+def _flag(raw: str) -> bool:
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
+
+
 def load_env() -> Env:
     d = Env()
     return Env(
@@ -50,6 +61,7 @@ def load_env() -> Env:
         scheduler_factory=_get("SCHEDULER_FACTORY", str, d.scheduler_factory),
         abort_confirm_timeout=_get("ABORT_CONFIRM_TIMEOUT", float, d.abort_confirm_timeout),
         parent_poll_interval=_get("PARENT_POLL_INTERVAL", float, d.parent_poll_interval),
+        disable_compile=_get("DISABLE_COMPILE", _flag, d.disable_compile),
         fault_inject_rid=_get("FAULT_INJECT_RID", str, d.fault_inject_rid),
         fault_inject_at_token=_get("FAULT_INJECT_AT_TOKEN", int, d.fault_inject_at_token),
     )

@@ -8,6 +8,9 @@ import pytest
 import torch
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Inductor compiles of SmolLM2 take minutes on 2 cores: the suite runs eagerly (servers it starts inherit
+# this), and the tests of the compiled path (tests/runtime/test_compiled.py) build their own compiled runners.
+os.environ.setdefault("RADIXGEN_DISABLE_COMPILE", "1")
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +26,8 @@ def smollm_runner(smollm_path):
     from runtime.config import make_config
     from runtime.executor.model_runner import create_model_runner
 
-    return create_model_runner(make_config(model_path=smollm_path, max_total_tokens=8192), progress=False)
+    return create_model_runner(make_config(model_path=smollm_path, dtype="float32", max_total_tokens=8192),
+                               progress=False)
 
 
 @pytest.fixture(scope="session")

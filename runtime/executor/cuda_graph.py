@@ -1,4 +1,5 @@
-"""CUDA graphs for decode: one captured graph per batch-size bucket, replayed for the smallest bucket >= B.
+"""Decode graphs per batch-size bucket, replayed for the smallest bucket >= B: CUDA graphs on GPU, and the
+same runner with torch.compile'd graphs on CPU (runtime/executor/compiled.py supplies that `Graph`).
 
 A SmolLM2 decode step is ~300 small kernels; at small batches their launch overhead is the step. Captured
 once as a graph, the whole forward replays with one launch.
@@ -7,7 +8,7 @@ Data flow per replay (`replay(fb)`):
   fb's host vectors, padded to the bucket  --one pinned copy-->  static device buffers [6, bucket]
   attn.init_forward_graph(meta over the static buffers)          (FlashInfer plans here; Triton: nothing)
   graph.replay()                                                  (kernels read only static/fixed buffers)
-  -> logits view [B, V] into the bucket's static output
+  -> logits view [B, V] into the bucket's output (CUDA: a static buffer; compiled CPU: a fresh tensor)
 
 Padding rows (bucket > B) decode token 0 at position 0 with seq_len 1 over table row 0, and store their
 K/V into the pool's pad slot (`KVPool.pad_slot`), which no request owns; their logits are dropped.
@@ -18,7 +19,8 @@ Invariants:
   - Graphs stay valid while the weights, the KV pool and req_to_token are the same tensors.
   - The returned logits are a view valid until the next forward (the bucket's output buffer is reused).
 The graph object is injectable (`graph_factory`) so the padding and buffer logic is tested on CPU with
-an eager stand-in that re-runs the captured function.
+an eager stand-in that re-runs the captured function; the captured function is `forward(ids, pos, logit_idx)`
+over views of the static buffers (an nn.Module, so a compiling `Graph` sees the weights as parameters).
 """
 
 from __future__ import annotations
@@ -36,14 +38,16 @@ from runtime.executor.forward_batch import ForwardBatch
 log = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+# CPU compiles cost tens of seconds each (a CUDA capture: milliseconds), so fewer, coarser buckets there.
+CPU_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 IDS, POS, LOC, ROWS, SEQ, PRE = range(6)  # rows of the static metadata buffer
 
 
-def capture_buckets(max_bs: int) -> tuple[int, ...]:
+def capture_buckets(max_bs: int, standard: tuple[int, ...] = BUCKETS) -> tuple[int, ...]:
     """Batch sizes to capture: the standard buckets below `max_bs`, then `max_bs` itself."""
     if max_bs < 1:
-        raise ValueError(f"cuda graph max batch size must be >= 1, got {max_bs}")
-    return tuple(b for b in BUCKETS if b < max_bs) + (max_bs,)
+        raise ValueError(f"decode graph max batch size must be >= 1, got {max_bs}")
+    return tuple(b for b in standard if b < max_bs) + (max_bs,)
 
 
 def bucket_for(buckets: tuple[int, ...], bs: int) -> int | None:
@@ -67,12 +71,17 @@ def pad_decode_metadata(fb: ForwardBatch, bucket: int, pad_slot: int) -> torch.T
     return out
 
 
+Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (ids, pos, logit_idx) -> logits
+
+
 class Graph(Protocol):
-    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """Run/record `fn` once; returns its output tensor, which every replay overwrites in place."""
+    def capture(self, fn: Forward, args: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Run/record `fn(*args)` once (args: views of the static buffers); returns its output."""
         ...
 
-    def replay(self) -> None: ...
+    def replay(self) -> torch.Tensor:
+        """Re-run over the same static buffers; returns the output (CUDA: the captured tensor, overwritten)."""
+        ...
 
 
 class TorchCudaGraph:
@@ -82,32 +91,49 @@ class TorchCudaGraph:
         self.pool, self.stream = pool, stream
         self.graph: torch.cuda.CUDAGraph | None = None
 
-    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def capture(self, fn: Forward, args: tuple[torch.Tensor, ...]) -> torch.Tensor:
         self.stream.wait_stream(torch.cuda.current_stream())  # the static buffers were filled there
         with torch.cuda.stream(self.stream):  # warm-up: Triton JIT, cuBLAS workspaces, allocator blocks
             for _ in range(2):
-                fn()
+                fn(*args)
         torch.cuda.synchronize()
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=self.pool, stream=self.stream):
-            out = fn()
-        return out
+            self.out = fn(*args)
+        return self.out
 
-    def replay(self) -> None:
+    def replay(self) -> torch.Tensor:
         self.graph.replay()
+        return self.out
 
 
-class CudaGraphRunner:
-    """Decode forwards of up to `max_bs` requests through captured graphs. `model.forward(fb, attn)` is
-    the eager forward; `attn` must keep every device buffer its decode kernels read fixed across steps."""
+class DecodeBody(torch.nn.Module):
+    """The captured function: the model's forward over the static buffers, attention through `attend`."""
+
+    def __init__(self, model, attend) -> None:
+        super().__init__()
+        self.model, self.attend = model, attend
+
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, logit_idx: torch.Tensor) -> torch.Tensor:
+        return self.model.forward_tokens(ids, pos, logit_idx, self.attend)
+
+
+class DecodeGraphRunner:
+    """Decode forwards of up to `max_bs` requests through captured graphs. `model.forward_tokens(ids, pos,
+    logit_idx, attend)` is the forward (attend defaults to `attn.forward`); on CUDA `attn` must keep every
+    device buffer its decode kernels read fixed across steps."""
 
     def __init__(self, model, attn, req_to_token: torch.Tensor, pad_slot: int, max_bs: int,
-                 graph_factory: Callable[[], Graph] | None = None) -> None:
+                 graph_factory: Callable[[], Graph] | None = None, attend=None,
+                 buckets: tuple[int, ...] = BUCKETS, label: str = "CUDA graphs",
+                 on_bucket: Callable[[int], None] | None = None) -> None:
         self.model, self.attn = model, attn
+        self.body = DecodeBody(model, attend or attn.forward)
+        self.label, self.on_bucket = label, on_bucket
         self.req_to_token = req_to_token
         self.device = req_to_token.device
         self.pad_slot = pad_slot
-        self.buckets = capture_buckets(max_bs)
+        self.buckets = capture_buckets(max_bs, buckets)
         self.max_bs = self.buckets[-1]
         n = self.max_bs
         self.static = torch.zeros((6, n), dtype=torch.int64, device=self.device)  # IDS .. PRE rows
@@ -132,10 +158,13 @@ class CudaGraphRunner:
             self.static[:, :bs] = pad_decode_metadata(_empty_decode(), bs, self.pad_slot).to(self.device)
             self._init_attn(bs, (1,) * bs)
             g = self.graph_factory()
-            self.outputs[bs] = g.capture(lambda bs=bs: self._body(bs))
+            self.outputs[bs] = g.capture(self.body, self._args(bs))
             self.graphs[bs] = g
-        log.info("captured %d decode CUDA graphs (batch sizes %s) in %.1f s",
-                 len(self.buckets), ",".join(map(str, self.buckets)), time.perf_counter() - t)
+            if self.on_bucket is not None:
+                self.on_bucket(bs)
+        self.capture_seconds = time.perf_counter() - t
+        log.info("captured %d decode %s (batch sizes %s) in %.1f s",
+                 len(self.buckets), self.label, ",".join(map(str, self.buckets)), self.capture_seconds)
 
     def can_run(self, fb: ForwardBatch) -> bool:
         return fb.is_decode and fb.batch_size <= self.max_bs and fb.logits_indices.numel() == fb.batch_size
@@ -150,9 +179,9 @@ class CudaGraphRunner:
             host = host.pin_memory()  # caching host allocator: the block outlives the async copy
         self.static[:, :bucket].copy_(host, non_blocking=True)
         self._init_attn(bucket, tuple(fb.seq_lens) + (1,) * (bucket - bs))
-        self.graphs[bucket].replay()
+        out = self.graphs[bucket].replay()
         self.replays += 1
-        return self.outputs[bucket][:bs]
+        return out[:bs]
 
     def _static_batch(self, bs: int, seq_lens_cpu: tuple[int, ...]) -> ForwardBatch:
         """A decode batch of `bs` rows over the static buffers (host lengths as given, one new token each)."""
@@ -168,8 +197,12 @@ class CudaGraphRunner:
         fb = self._static_batch(bs, seq_lens_cpu)
         self.attn.init_forward_graph(fb.attn_metadata(self.req_to_token, s[SEQ, :bs], s[PRE, :bs], self.ones[:bs]))
 
-    def _body(self, bs: int) -> torch.Tensor:
-        return self.model.forward(self._static_batch(bs, (1,) * bs), self.attn)
+    def _args(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        s = self.static
+        return s[IDS, :bs], s[POS, :bs], self.arange[:bs]
+
+
+CudaGraphRunner = DecodeGraphRunner  # the name the CUDA path and its tests use
 
 
 def _empty_decode() -> ForwardBatch:

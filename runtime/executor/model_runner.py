@@ -9,6 +9,10 @@ On CUDA: weights and pool live on the GPU (bf16 by default), the pool is sized f
 batches up to the largest bucket replay captured CUDA graphs (runtime.executor.cuda_graph) unless
 --disable-cuda-graph, and the logits stay on the device: the only host sync of a decode step is the
 scheduler reading the sampled ids.
+
+On CPU: bf16 by default where the CPU has native bf16 (runtime.config.resolve), and decode batches up to
+--compile-max-bs run through torch.compile'd graphs per bucket (runtime.executor.compiled) unless
+--disable-compile or RADIXGEN_DISABLE_COMPILE=1; extend and mixed steps run eagerly.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ import torch
 
 from kernels import create_attn_backend
 from runtime.config import Config, resolve
-from runtime.executor.cuda_graph import CudaGraphRunner
+from runtime.env import load_env
+from runtime.executor.compiled import build_compiled_decode
+from runtime.executor.cuda_graph import CudaGraphRunner, DecodeGraphRunner
 from runtime.executor.forward_batch import ForwardBatch
 from runtime.executor.memory import KVPool, ReqToTokenTable, SlotAllocator, gpu_kv_slots
 from runtime.executor.staging import upload
@@ -60,7 +66,12 @@ class ModelRunner:
         )
         log.info("model %s: %d layers, KV pool %d slots, backend %s, %s",
                  self.model_path, arch.num_layers, num_slots, mc.attention_backend, mc.dtype)
-        self.graph_runner: CudaGraphRunner | None = None
+        self.graph_runner: DecodeGraphRunner | None = None
+        if self.device.type == "cpu" and not (mc.disable_compile or load_env().disable_compile):
+            max_bs = min(mc.compile_max_bs, cfg.scheduler.max_running_requests)
+            self.graph_runner = build_compiled_decode(
+                self.model, self.attn, self.req_to_token.table, self.pool.pad_slot, max_bs, progress
+            )
         if self.device.type == "cuda" and not mc.disable_cuda_graph:
             if self.attn.supports_cuda_graph:
                 max_bs = min(mc.cuda_graph_max_bs, cfg.scheduler.max_running_requests)

@@ -1,37 +1,31 @@
 """The Llama family (SmolLM2, Llama 2/3, Mistral), Qwen2 (qkv bias) and Qwen3 (q/k norm) in one forward.
 
-Data flow: ForwardBatch (new tokens of B requests, flattened to T) -> embeddings [T, H] -> 30x (RMSNorm,
-fused QKV projection, rotary, attention through the kernels seam which also stores K/V into the pool,
-output projection, RMSNorm, fused gate/up SiLU MLP) -> final norm on the rows in `logits_indices` only
--> logits [K, vocab] float32. Weights are plain tensors (no nn.Module) in Hugging Face naming order.
+Data flow: token ids [T] -> embeddings [T, H] -> N x (add+RMSNorm, fused QKV projection, rotary, attention
+through the kernels seam which also stores K/V into the pool, output projection, add+RMSNorm, fused
+gate/up SiLU MLP) -> final norm on the rows in `logits_indices` only -> logits [K, vocab] float32.
+
+Weights are frozen `nn.Parameter`s (requires_grad=False) so that torch.compile with inductor freezing
+(runtime/executor/compiled.py) treats them as constants and prepacks every linear for oneDNN. The rotary
+cos/sin rows are gathered once per forward, not per layer. Attention is called through `attend(q, k, v,
+layer_id)`: the backend's own `forward` when eager, the opaque custom op `radixgen_rt::attention`
+(runtime/models/attn_op.py) when compiled, so the graph never traces into a backend.
 """
 
 from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from kernels import ref
 from kernels.api import BaseAttnBackend
 from runtime.executor.forward_batch import ForwardBatch
 from runtime.models.arch import ModelArch
 
-
-@dataclass
-class LayerWeights:
-    ln_attn: torch.Tensor  # [H] float32
-    w_qkv: torch.Tensor  # [(Hq + 2 Hkv) * D, H]
-    b_qkv: torch.Tensor | None  # [(Hq + 2 Hkv) * D] (Qwen2)
-    w_o: torch.Tensor  # [H, Hq * D]
-    q_norm: torch.Tensor | None  # [D] (Qwen3)
-    k_norm: torch.Tensor | None
-    ln_mlp: torch.Tensor  # [H]
-    w_gate_up: torch.Tensor  # [2 I, H]
-    w_down: torch.Tensor  # [H, I]
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]  # (q, k, v, layer) -> o
 
 
 def elementwise_kernels(device: str | torch.device) -> tuple[Callable, Callable]:
@@ -45,45 +39,70 @@ def elementwise_kernels(device: str | torch.device) -> tuple[Callable, Callable]
     return ref.rmsnorm, ref.apply_rope
 
 
-class LlamaForCausalLM:
-    def __init__(self, arch: ModelArch, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu") -> None:
-        self.arch = arch
-        w = {k: v.to(device) for k, v in weights.items()}
-        self.embed = w.pop("model.embed_tokens.weight")  # [V, H]
-        self.norm = w.pop("model.norm.weight")
-        self.lm_head = self.embed if arch.tie_word_embeddings else w.pop("lm_head.weight")
-        self.layers = [self._layer(w, i) for i in range(arch.num_layers)]
-        self.q_size = arch.num_heads * arch.head_dim
-        self.kv_size = arch.num_kv_heads * arch.head_dim
-        self.cos_sin = ref.rope_cos_sin(arch.head_dim, arch.max_position, arch.rope_theta, arch.rope_scaling, device)
-        self.rmsnorm, self.apply_rope = elementwise_kernels(device)
+def rope_gathered(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rotary of x [T, H, D] with this step's cos/sin rows [T, 1, D/2] (float32); the same
+    arithmetic as kernels.ref.apply_rope (computed in float32, cast back), minus the per-call gather."""
+    xf = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    half = cos.shape[-1]
+    x1, x2 = xf[..., :half], xf[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
-    def _layer(self, w: dict[str, torch.Tensor], i: int) -> LayerWeights:
+
+def _frozen(t: torch.Tensor | None) -> nn.Parameter | None:
+    return None if t is None else nn.Parameter(t, requires_grad=False)
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, w: dict[str, torch.Tensor], i: int, arch: ModelArch) -> None:
+        super().__init__()
         p = f"model.layers.{i}."
         qkv = [w.pop(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
-        bias = None
-        if self.arch.attention_bias:
-            bias = torch.cat([w.pop(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
-        qk_norm = self.arch.qk_norm
-        return LayerWeights(
-            ln_attn=w.pop(p + "input_layernorm.weight"),
-            w_qkv=torch.cat(qkv, dim=0).contiguous(),
-            b_qkv=bias,
-            w_o=w.pop(p + "self_attn.o_proj.weight"),
-            q_norm=w.pop(p + "self_attn.q_norm.weight") if qk_norm else None,
-            k_norm=w.pop(p + "self_attn.k_norm.weight") if qk_norm else None,
-            ln_mlp=w.pop(p + "post_attention_layernorm.weight"),
-            w_gate_up=torch.cat([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")]).contiguous(),
-            w_down=w.pop(p + "mlp.down_proj.weight"),
-        )
+        bias = torch.cat([w.pop(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if arch.attention_bias else None
+        self.ln_attn = _frozen(w.pop(p + "input_layernorm.weight"))  # [H] float32
+        self.w_qkv = _frozen(torch.cat(qkv, dim=0).contiguous())  # [(Hq + 2 Hkv) * D, H]
+        self.b_qkv = _frozen(bias)  # [(Hq + 2 Hkv) * D] (Qwen2)
+        self.w_o = _frozen(w.pop(p + "self_attn.o_proj.weight"))  # [H, Hq * D]
+        self.q_norm = _frozen(w.pop(p + "self_attn.q_norm.weight") if arch.qk_norm else None)  # [D] (Qwen3)
+        self.k_norm = _frozen(w.pop(p + "self_attn.k_norm.weight") if arch.qk_norm else None)
+        self.ln_mlp = _frozen(w.pop(p + "post_attention_layernorm.weight"))  # [H]
+        gate_up = torch.cat([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")])
+        self.w_gate_up = _frozen(gate_up.contiguous())  # [2 I, H]
+        self.w_down = _frozen(w.pop(p + "mlp.down_proj.weight"))  # [H, I]
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, arch: ModelArch, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu") -> None:
+        super().__init__()
+        self.arch = arch
+        w = {k: v.to(device) for k, v in weights.items()}
+        self.embed = _frozen(w.pop("model.embed_tokens.weight"))  # [V, H]
+        self.norm = _frozen(w.pop("model.norm.weight"))
+        self.lm_head = self.embed if arch.tie_word_embeddings else _frozen(w.pop("lm_head.weight"))
+        self.layers = nn.ModuleList(LlamaLayer(w, i, arch) for i in range(arch.num_layers))
+        self.q_size = arch.num_heads * arch.head_dim
+        self.kv_size = arch.num_kv_heads * arch.head_dim
+        cos_sin = ref.rope_cos_sin(arch.head_dim, arch.max_position, arch.rope_theta, arch.rope_scaling, device)
+        self.register_buffer("cos_sin", cos_sin, persistent=False)  # [max_pos, D] float32
+        self.rmsnorm, self.apply_rope = elementwise_kernels(device)
+        self.fused_rope = self.apply_rope is not ref.apply_rope  # Triton: gathers inside its kernel
+        self.eval()
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, attn: BaseAttnBackend) -> torch.Tensor:
         """Logits [len(fb.logits_indices), vocab] float32. attn.init_forward must have been called for fb."""
+        return self.forward_tokens(fb.input_ids, fb.positions, fb.logits_indices, attn.forward)
+
+    def forward_tokens(self, input_ids: torch.Tensor, positions: torch.Tensor, logits_indices: torch.Tensor,
+                       attend: Attend) -> torch.Tensor:
+        """input_ids, positions [T] int64; logits_indices [K] int64 -> logits [K, vocab] float32.
+        The traceable body: everything but `attend` is plain torch, so torch.compile sees one graph."""
         a = self.arch
-        h = self.embed[fb.input_ids]  # [T, H]
+        h = F.embedding(input_ids, self.embed)  # [T, H]
         residual: torch.Tensor | None = None
         t = h.shape[0]
+        if not self.fused_rope:
+            cs = self.cos_sin[positions].unsqueeze(1)  # [T, 1, D], once for all layers
+            cos, sin = cs[..., : a.head_dim // 2], cs[..., a.head_dim // 2 :]
         for i, lw in enumerate(self.layers):
             x, residual = self.rmsnorm(h, lw.ln_attn, a.rms_eps, residual)
             qkv = F.linear(x, lw.w_qkv, lw.b_qkv)  # [T, (Hq + 2 Hkv) D]
@@ -94,13 +113,16 @@ class LlamaForCausalLM:
             if lw.q_norm is not None:
                 q = self.rmsnorm(q, lw.q_norm, a.rms_eps)[0]
                 k = self.rmsnorm(k, lw.k_norm, a.rms_eps)[0]
-            q, k = self.apply_rope(q, k, fb.positions, self.cos_sin)
-            o = attn.forward(q, k, v, i)  # [T, Hq, D]
+            if self.fused_rope:
+                q, k = self.apply_rope(q, k, positions, self.cos_sin)
+            else:
+                q, k = rope_gathered(q, cos, sin), rope_gathered(k, cos, sin)
+            o = attend(q, k, v, i)  # [T, Hq, D]
             h = F.linear(o.reshape(t, self.q_size), lw.w_o)
             x, residual = self.rmsnorm(h, lw.ln_mlp, a.rms_eps, residual)
             gate, up = F.linear(x, lw.w_gate_up).chunk(2, dim=-1)
             h = F.linear(F.silu(gate) * up, lw.w_down)
-        last = (h + residual)[fb.logits_indices]
+        last = (h + residual)[logits_indices]
         x = self.rmsnorm(last, self.norm, a.rms_eps)[0]
         logits = F.linear(x, self.lm_head)
         return logits if logits.dtype == torch.float64 else logits.float()

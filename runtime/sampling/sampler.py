@@ -22,7 +22,8 @@ from runtime.sampling.info import SamplingInfo, mix_seed
 
 class SampleOutput(NamedTuple):
     next_ids: torch.Tensor  # [B] int64
-    logprobs: torch.Tensor  # [B] float32, log_softmax of the processed logits at next_ids (pre-temperature)
+    logprobs: torch.Tensor | None  # [B] float32, log_softmax of the processed logits at next_ids
+    # (pre-temperature); None unless asked for (`need_logprobs`): a [B, V] log_softmax per step is not free.
 
 
 def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
@@ -192,9 +193,8 @@ def _uniforms(info: SamplingInfo, rows: list[int], device: torch.device) -> torc
     return to_device(us, torch.float64, device)[:, None]
 
 
-def sample_processed(processed: torch.Tensor, info: SamplingInfo) -> SampleOutput:
+def sample_processed(processed: torch.Tensor, info: SamplingInfo, need_logprobs: bool = False) -> SampleOutput:
     """Sample from already processed logits [B, V] (the output of `process_logits`)."""
-    logprobs_all = compute_logprobs(processed)
     next_ids = torch.argmax(processed, dim=-1)
     if not info.is_all_greedy:
         rows = [b for b, g in enumerate(info.greedy_rows) if not g]
@@ -206,10 +206,14 @@ def sample_processed(processed: torch.Tensor, info: SamplingInfo) -> SampleOutpu
         target = _uniforms(info, rows, processed.device) * cdf[:, -1:]
         choice = torch.searchsorted(cdf, target, right=True).squeeze(-1)
         next_ids[idx] = choice.clamp_max_(probs.shape[-1] - 1)
-    logprobs = logprobs_all.gather(-1, next_ids[:, None]).squeeze(-1)
+    if not need_logprobs:
+        return SampleOutput(next_ids, None)
+    logprobs = compute_logprobs(processed).gather(-1, next_ids[:, None]).squeeze(-1)
     return SampleOutput(next_ids, logprobs)
 
 
-def sample(logits: torch.Tensor, info: SamplingInfo, allowed_mask: torch.Tensor | None = None) -> SampleOutput:
-    """One token per row of `logits` [B, V] float32. `allowed_mask` [B, V] bool: False = disallowed."""
-    return sample_processed(process_logits(logits, info, allowed_mask), info)
+def sample(logits: torch.Tensor, info: SamplingInfo, allowed_mask: torch.Tensor | None = None,
+           need_logprobs: bool = False) -> SampleOutput:
+    """One token per row of `logits` [B, V] float32. `allowed_mask` [B, V] bool: False = disallowed.
+    The chosen tokens' logprobs only with `need_logprobs` (else `logprobs` is None)."""
+    return sample_processed(process_logits(logits, info, allowed_mask), info, need_logprobs)

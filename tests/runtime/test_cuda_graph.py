@@ -25,15 +25,16 @@ class EagerGraph:
     """Stand-in for torch.cuda.CUDAGraph: replay re-runs the captured function into the same output."""
 
     def __init__(self) -> None:
-        self.fn: Callable[[], torch.Tensor] | None = None
+        self.fn: Callable[..., torch.Tensor] | None = None
         self.out: torch.Tensor | None = None
 
-    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
-        self.fn, self.out = fn, fn()
+    def capture(self, fn: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        self.fn, self.args, self.out = fn, args, fn(*args)
         return self.out
 
-    def replay(self) -> None:
-        self.out.copy_(self.fn())
+    def replay(self) -> torch.Tensor:
+        self.out.copy_(self.fn(*self.args))
+        return self.out
 
 
 def test_capture_buckets_and_bucket_choice() -> None:

@@ -64,7 +64,7 @@ def test_tiny_checkpoint_matches_transformers(tmp_path, kind):
 
     path = _tiny_checkpoint(tmp_path, kind)
     hf = tf.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
-    runner = create_model_runner(make_config(model_path=path, max_total_tokens=512, max_running_requests=8),
+    runner = create_model_runner(make_config(model_path=path, dtype="float32", max_total_tokens=512, max_running_requests=8),
                                  progress=False)
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (7, 1, 19)]
@@ -171,7 +171,7 @@ def test_gguf_and_safetensors_give_same_weights(tmp_path, smollm_path):
     state = {k: v.contiguous() for k, v in hf.state_dict().items() if k != "lm_head.weight"}  # tied
     save_file(state, str(out / "model.safetensors"))
     hf.config.to_json_file(str(out / "config.json"))
-    a = create_model_runner(make_config(model_path=str(out), max_total_tokens=256), progress=False)
+    a = create_model_runner(make_config(model_path=str(out), dtype="float32", max_total_tokens=256), progress=False)
     ids = list(range(100, 120))
     b_logits = _ragged_logits(a, [ids])[0]
     with torch.no_grad():

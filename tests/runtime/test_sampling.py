@@ -68,7 +68,8 @@ def test_greedy_is_argmax():
     info = build(params, vocab=50)
     assert info.is_all_greedy
     assert process_logits(logits, info) is logits  # fast path: nothing to process
-    out = sample(logits, info)
+    assert sample(logits, info).logprobs is None  # no log_softmax unless asked
+    out = sample(logits, info, need_logprobs=True)
     assert out.next_ids.dtype == torch.int64 and out.logprobs.dtype == torch.float32
     assert torch.equal(out.next_ids, logits.argmax(-1))
     ref = torch.log_softmax(logits, -1).gather(-1, out.next_ids[:, None]).squeeze(-1)
@@ -133,7 +134,7 @@ def test_min_new_tokens_blocks_stop_ids():
     logits = torch.tensor([[0.0, 1.0, 5.0, 4.0, 0.5]])  # EOS id 2 is the argmax, stop id 3 next
     p = SP(temperature=0.0, min_new_tokens=2)
     info = build([p], outputs=[[4]], stop_ids=[[2, 3]], vocab=5)
-    out = sample(logits, info)
+    out = sample(logits, info, need_logprobs=True)
     assert out.next_ids.tolist() == [1]
     assert math.isclose(out.logprobs.item(), 0.0 - math.log(math.exp(0) + math.exp(1) + math.exp(0.5)) + 1.0,
                         rel_tol=1e-5)
@@ -155,7 +156,7 @@ def test_allowed_mask_respected():
               SP(temperature=0.8, top_k=2), SP(temperature=1.0, min_p=0.3), SP(temperature=0.0)]
     for step in range(20):
         info = build(params, steps=[step] * B, seeds=list(range(B)))
-        out = sample(logits, info, mask)
+        out = sample(logits, info, mask, need_logprobs=True)
         assert mask[torch.arange(B), out.next_ids].all()
         masked = logits.masked_fill(~mask, float("-inf"))
         ref = torch.log_softmax(masked, -1).gather(-1, out.next_ids[:, None]).squeeze(-1)
@@ -173,11 +174,11 @@ def test_seeded_row_independent_of_batch():
     for step in range(25):
         row = torch.randn(1, 20)
         info = build([target], outputs=[out_ids], steps=[step], vocab=20)
-        a = sample(row, info)
+        a = sample(row, info, need_logprobs=True)
         batch_params = others[:2] + [target] + others[2:]
         batch_logits = torch.cat([torch.randn(2, 20), row, torch.randn(2, 20)])
         info = build(batch_params, outputs=[[0], [], out_ids, [3, 3], []], steps=[9, 0, step, 4, 1], vocab=20)
-        b = sample(batch_logits, info)
+        b = sample(batch_logits, info, need_logprobs=True)
         assert b.next_ids[2] == a.next_ids[0]
         torch.testing.assert_close(b.logprobs[2], a.logprobs[0])
         alone.append(int(a.next_ids[0]))

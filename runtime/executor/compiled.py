@@ -1,0 +1,81 @@
+"""The compiled CPU decode path: torch.compile (inductor, freezing) of the whole forward, one graph per
+batch-size bucket, driven by the same runner as CUDA graphs (runtime/executor/cuda_graph.py).
+
+Data flow per decode step of B <= max bucket requests: DecodeGraphRunner pads the step's vectors into its
+static buffers, calls `attn.init_forward_graph(meta)` (host planning, eager), then `CompiledGraph.replay()`
+runs the bucket's compiled forward. Inside it every linear is a prepacked oneDNN matmul (inductor freezing
+turns the frozen parameters into constants and packs them), norms/rope/SiLU-mul are fused C++ loops, and
+attention is the opaque custom op `radixgen_rt::attention` (runtime/models/attn_op.py), so any backend plugs in.
+Extend and mixed steps, and decode batches above the largest bucket, run eagerly.
+
+Start-up: every bucket compiles before the server is ready, behind a progress bar, and the total time is
+logged. Inductor's FX graph cache (TORCHINDUCTOR_CACHE_DIR, default /tmp/torchinductor_$USER) makes a second
+start reuse the generated code. A compile failure falls back to eager with one warning naming the cause.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from tqdm import tqdm
+
+from runtime.executor.cuda_graph import CPU_BUCKETS, DecodeGraphRunner, Forward, capture_buckets
+from runtime.models.attn_op import opaque_attend, register_backend
+
+log = logging.getLogger(__name__)
+
+
+class CompiledGraph:
+    """A `Graph` whose capture compiles `fn` for the static args' shapes and whose replay calls it again.
+    dynamic=False: each bucket gets its own specialized graph (the runner only passes bucket shapes)."""
+
+    def __init__(self) -> None:
+        self.fn = None
+        self.args: tuple[torch.Tensor, ...] = ()
+
+    def capture(self, fn: Forward, args: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        import torch._inductor.config as inductor_config
+
+        self.fn, self.args = torch.compile(fn, dynamic=False, fullgraph=True), args
+        # freezing is read when the graph compiles (the first call); passing it in torch.compile's options
+        # does not reach that decision in torch 2.13, the config patch does.
+        with inductor_config.patch(freezing=True):
+            return self.fn(*args)
+
+    def replay(self) -> torch.Tensor:
+        return self.fn(*self.args)
+
+
+def build_compiled_decode(model, attn, req_to_token: torch.Tensor, pad_slot: int, max_bs: int,
+                          progress: bool = True) -> DecodeGraphRunner | None:
+    """Compile decode graphs for the CPU buckets up to `max_bs`; None (with one warning) if compiling fails."""
+    import torch._dynamo
+
+    buckets = capture_buckets(max_bs, CPU_BUCKETS)
+    # one cache entry per bucket on the same code object; dynamo's default limit (8) would silently run
+    # the extra buckets eagerly.
+    limit = max(torch._dynamo.config.recompile_limit, 2 * len(buckets) + 4)
+    torch._dynamo.config.recompile_limit = limit
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit,
+                                                           4 * limit)
+    bar = tqdm(total=len(buckets), desc="Compiling decode graphs", unit="bucket", disable=not progress)
+    runner = DecodeGraphRunner(model, attn, req_to_token, pad_slot, max_bs, graph_factory=CompiledGraph,
+                               attend=opaque_attend(register_backend(attn)), buckets=CPU_BUCKETS,
+                               label="compiled graphs", on_bucket=lambda bs: bar.update(1))
+    t = time.perf_counter()
+    try:
+        runner.capture()
+    except Exception as e:  # noqa: BLE001 (any compiler failure means: serve eagerly, loudly)
+        log.warning("torch.compile of the decode forward failed, running eagerly (slower): %s: %s",
+                    type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return None
+    finally:
+        bar.close()
+    msg = (f"compiled the decode forward for batch sizes {','.join(map(str, buckets))} "
+           f"in {time.perf_counter() - t:.1f} s")
+    log.info(msg)
+    if progress:
+        print(msg, flush=True)
+    return runner

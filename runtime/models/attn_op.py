@@ -1,0 +1,46 @@
+"""Attention as an opaque custom op, so a torch.compile'd forward never traces into a backend.
+
+`radixgen_rt::attention(q, k, v, layer_id, backend_id)` looks the backend up in a process-wide registry by
+index and calls its `forward(q, k, v, layer_id)` (which also stores k/v into the pool, a side effect on
+state the graph never reads). Any `BaseAttnBackend` plugs in: register it once, then compile a forward whose
+`attend` is `opaque_attend(backend_id)`. The fake impl states the contract inductor relies on: the output
+is a fresh contiguous tensor shaped and typed like q (the real impl enforces it with `.contiguous()`).
+Graph order is safe without declaring the pool mutation: layer i+1's attention depends on layer i's output.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.api import BaseAttnBackend
+
+_BACKENDS: list[BaseAttnBackend] = []
+
+
+def register_backend(backend: BaseAttnBackend) -> int:
+    """The backend's index for `attention` (registering the same object twice returns its first index)."""
+    for i, b in enumerate(_BACKENDS):
+        if b is backend:
+            return i
+    _BACKENDS.append(backend)
+    return len(_BACKENDS) - 1
+
+
+@torch.library.custom_op("radixgen_rt::attention", mutates_args=())
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, backend_id: int) -> torch.Tensor:
+    """q [T, Hq, D]; k, v [T, Hkv, D] -> [T, Hq, D] contiguous (the backend's init_forward ran this step)."""
+    return _BACKENDS[backend_id].forward(q, k, v, layer_id).contiguous()
+
+
+@attention.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, backend_id: int) -> torch.Tensor:
+    return q.new_empty(q.shape)
+
+
+def opaque_attend(backend_id: int):
+    """An `attend(q, k, v, layer_id)` for LlamaForCausalLM.forward_tokens that goes through the custom op."""
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
+        return torch.ops.radixgen_rt.attention(q, k, v, layer_id, backend_id)
+
+    return attend
