@@ -139,3 +139,17 @@ def test_smollm2_bf16_compiled_bucket_close_to_eager(smollm_path):
         diff = (a - b).abs()
         assert diff.max().item() <= 0.5 and diff.mean().item() < 0.05
         assert a.argmax(-1).tolist() == b.argmax(-1).tolist()
+
+
+def test_auto_dtype_is_bf16_only_on_cpus_with_native_bf16(tmp_path, monkeypatch):
+    from runtime import config
+
+    plain, amx = tmp_path / "plain", tmp_path / "amx"
+    plain.write_text("flags\t: fpu sse avx2 avx512f\n")
+    amx.write_text("flags\t: fpu sse avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n")
+    assert not config.cpu_has_native_bf16(str(plain)) and config.cpu_has_native_bf16(str(amx))
+    assert not config.cpu_has_native_bf16(str(tmp_path / "missing"))
+    for has, want in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(config, "cpu_has_native_bf16", lambda has=has: has)
+        assert config.resolve(config.make_config(device="cpu")).model.dtype == want
+        assert config.resolve(config.make_config(device="cpu", dtype="float32")).model.dtype == "float32"
