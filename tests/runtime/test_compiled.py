@@ -94,7 +94,7 @@ def test_bucket_boundary_crossing_mid_generation(fp32_pair):
                 for j, b in enumerate(live):
                     runner.req_to_token.write(batch.rows[b], batch.lens[b], slots[j : j + 1])
                 fb = ForwardBatch.build([tokens[b][-1:] for b in live], [batch.lens[b] for b in live], slots,
-                                        [batch.rows[b] for b in live], is_decode=True)
+                                        [batch.rows[b] for b in live], num_decode=len(live))
                 nxt = runner.forward(fb).argmax(-1).tolist()
                 for j, b in enumerate(live):
                     batch.lens[b] += 1
