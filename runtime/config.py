@@ -88,8 +88,12 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class GrammarConfig:
-    grammar_backend: str = "outlines"
-    """Constrained-decoding backend: outlines or none."""
+    grammar_backend: str = "llguidance"
+    """Constrained-decoding backend: llguidance (default), xgrammar, outlines or none. Chosen by measurement
+    (bench/results/constrained.md, JSONSchemaBench MaskBench cases on SmolLM2's vocabulary): llguidance compiles
+    the most real-world schemas, accepts every valid and rejects every invalid test document, and compiles
+    with the lowest p99; xgrammar refuses keywords it would ignore; outlines turns a schema into one regex
+    and refuses most large schemas. A backend whose package cannot load stops start-up."""
     constrained_json_whitespace_pattern: str | None = None
     """Regex for whitespace allowed between JSON tokens (default: none, compact JSON)."""
     disable_jump_forward: bool = False

@@ -24,7 +24,7 @@ CHOICES = {
     "device": ("auto", "cpu", "cuda"),
     "attention_backend": ("auto", "cpu", "torch", "triton", "flashinfer"),
     "schedule_policy": ("auto", "lpm", "fcfs", "dfs-weight"),
-    "grammar_backend": ("outlines", "none"),
+    "grammar_backend": ("llguidance", "xgrammar", "outlines", "none"),
     "log_level": ("debug", "info", "warning", "error", "critical"),
 }
 TITLES = {"model": "model", "cache": "KV cache", "scheduler": "scheduler", "grammar": "constrained decoding",

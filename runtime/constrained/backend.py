@@ -1,71 +1,86 @@
-"""GrammarBackend: compile constraints off the scheduler thread, in killable worker processes, with an LRU cache.
+"""GrammarBackend: compile constraints off the scheduler thread with a timeout and an LRU cache, over one of
+three engines chosen by `--grammar-backend` (SGLang's names): llguidance, xgrammar, outlines.
 
-Threads and processes:
-    scheduler thread --submit(kind, spec)--> job queue --> N worker threads (main process)
-    each worker thread owns one subprocess (runtime/constrained/worker.py) and sends it one job at a time;
-    it waits for the reply with select() until `grammar_compile_timeout`, and on timeout KILLS the process
-    (SIGKILL: a runaway Rust DFA build cannot be interrupted any other way) and respawns it before the next
-    job. So a catastrophic pattern costs one core for at most the timeout, and other grammars keep compiling
-    on the other workers meanwhile.
-What crosses the process boundary: msgpack frames of bytes/str/ints; the compiled Index comes back as
-outlines-core's own binary serialization and is rebuilt with `Index.from_binary` (measured: a 300 KB index
-serializes/deserializes in < 1 ms; a 111 MB one in well under a second), on the worker thread, not the
-scheduler's.
+Threads:
+    scheduler thread --submit(kind, spec)--> job queue --> N compile threads (main process)
+    each thread owns an engine `slot` (outlines: one killable subprocess, see outlines_backend.py; llguidance and
+    xgrammar: nothing, they compile in the thread with the GIL released and bound their own work).
+    The scheduler stops waiting at `grammar_compile_timeout` whatever the engine (runtime/scheduler).
 
-Cache: key (kind, spec) -> CompiledGrammar or GrammarError (failures and timeouts are cached too), LRU-bounded
-by `grammar_cache_size` entries and CACHE_MAX_BYTES of serialized index. Identical specs submitted while one
-compiles share that compile.
+Cache: key (kind, spec) -> compiled or GrammarError (failures and timeouts are cached too), LRU-bounded by
+`grammar_cache_size` entries and CACHE_MAX_BYTES of serialized outlines index. Identical specs submitted while
+one compiles share that compile. A compiled entry's `new_state()` is a fresh per-request `Grammar`
+(runtime/constrained/grammar.py), the one class the scheduler uses.
 
 Scheduler use (non-blocking):
-    fut = backend.submit("json_schema", schema)       # at request arrival; req parked in the grammar queue
-    each step: if fut.done(): g = fut.result(); Grammar -> req.grammar = g; GrammarError -> abort with g.message
+    fut = backend.get_future(sampling_params)          # None when unconstrained; req parked in the grammar queue
+    each step: if fut.done(): fut.result() -> Grammar (take .copy()), or raises GrammarCompileError -> abort
     on abort: fut.cancel()
+Fail loud: `require_backend(name)` raises BackendUnavailable (one line: the package and its install command)
+when the configured engine cannot be imported; `create_grammar_backend` calls it, so start-up stops there.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
+import importlib
+import json
 import logging
-import os
 import queue
-import select
-import struct
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-
-import msgspec
+from typing import Any, Protocol
 
 from runtime.config import GrammarConfig
-from runtime.constrained.grammar import CompiledGrammar, Grammar
-from runtime.constrained.schema import KINDS
-from runtime.constrained.schema import validate as _validate
+from runtime.constrained.grammar import Grammar, GrammarError, VocabInfo
+from runtime.constrained.schema import GrammarValidationError
 
 logger = logging.getLogger(__name__)
 
 CACHE_MAX_BYTES = 1 << 30  # serialized index bytes kept in the cache
-WORKER_READY_TIMEOUT = 120.0  # seconds a fresh worker may take to import and build the vocabulary
-_HEADER = struct.Struct(">I")
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BACKENDS = ("llguidance", "xgrammar", "outlines")
+KINDS = ("regex", "json_schema", "choices", "ebnf", "structural_tag")
+# backend -> (module, the PyPI package it needs)
+_MODULES = {"llguidance": ("runtime.constrained.llguidance_backend", "llguidance"),
+            "xgrammar": ("runtime.constrained.xgrammar_backend", "xgrammar"),
+            "outlines": ("runtime.constrained.outlines_backend", "outlines-core")}
+_ENGINES = {"llguidance": "LLGuidanceEngine", "xgrammar": "XGrammarEngine", "outlines": "OutlinesEngine"}
 
 
-@dataclass(frozen=True)
-class GrammarError:
-    """A failed compile: `message` names the problem; `code` is "invalid_value" or "grammar_too_complex"."""
+class Compiled(Protocol):
+    def new_state(self) -> Grammar: ...
 
-    message: str
-    code: str = "invalid_value"
-    timed_out: bool = False
+
+class Engine(Protocol):
+    name: str
+
+    def validate(self, kind: str, spec: str) -> None: ...
+    def new_slot(self) -> Any: ...
+    def close_slot(self, slot: Any) -> None: ...
+    def compile(self, slot: Any, kind: str, spec: str) -> tuple[Compiled | GrammarError, int, str]: ...
+
+
+class BackendUnavailable(RuntimeError):
+    """The configured grammar backend's package cannot be imported."""
+
+
+def require_backend(name: str) -> Any:
+    """The backend's module; BackendUnavailable naming the package and the install command otherwise."""
+    if name not in _MODULES:
+        raise BackendUnavailable(f"unknown grammar backend {name!r} (choose one of {', '.join(BACKENDS)} or none)")
+    module, package = _MODULES[name]
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise BackendUnavailable(f"--grammar-backend {name} needs the {package!r} package, which failed to import "
+                                 f"({e}); install it with: pip install {package}") from None
 
 
 class GrammarFuture:
     """One request's handle on a compile. `result()` never blocks by default."""
 
-    def __init__(self, job: _Job | None = None, outcome: CompiledGrammar | GrammarError | None = None) -> None:
+    def __init__(self, job: _Job | None = None, outcome: Compiled | GrammarError | None = None) -> None:
         self._job = job
         self._outcome = outcome
         self._grammar: Grammar | GrammarError | None = None
@@ -110,136 +125,61 @@ class _Job:
         self.key = key
         self.event = threading.Event()
         self.lock = threading.Lock()
-        self.outcome: CompiledGrammar | GrammarError | None = None
+        self.outcome: Compiled | GrammarError | None = None
         self.waiters: list[GrammarFuture] = []
         self.started = False
         self.skip = False
 
 
-class _Worker:
-    """One compile subprocess, driven by one thread of the backend."""
-
-    def __init__(self, init_frame: bytes) -> None:
-        self._init = init_frame
-        self.proc: subprocess.Popen | None = None
-        self.crashed = False
-
-    def _spawn(self) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = _REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.constrained.worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, bufsize=0, env=env, cwd=_REPO_ROOT)
-        self.proc.stdin.write(self._init)
-        self.proc.stdin.flush()
-        ready = self._read(time.monotonic() + WORKER_READY_TIMEOUT)
-        if ready is None or ready.get("op") != "ready":
-            self.kill()
-            raise RuntimeError("grammar compile worker failed to start")
-
-    def _read(self, deadline: float) -> dict | None:
-        """One frame, or None on timeout / EOF."""
-        fd = self.proc.stdout.fileno()
-        buf = bytearray()
-        need = _HEADER.size
-        have_header = False
-        while True:
-            while len(buf) < need:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([fd], [], [], left)[0]:
-                    return None
-                chunk = os.read(fd, min(need - len(buf), 1 << 20))  # never past this frame
-                if not chunk:
-                    return None
-                buf += chunk
-            if have_header:
-                return msgspec.msgpack.decode(bytes(buf[_HEADER.size:need]))
-            need = _HEADER.size + _HEADER.unpack(bytes(buf[:_HEADER.size]))[0]
-            have_header = True
-
-    def compile(self, job_id: int, kind: str, spec: str, ws: str | None, timeout: float) -> dict | None:
-        """The worker's reply, or None when it ran past `timeout` (the process is killed) or died (then
-        `self.crashed` is set)."""
-        self.crashed = False
-        if self.proc is None or self.proc.poll() is not None:
-            self._spawn()
-        data = msgspec.msgpack.encode({"op": "compile", "id": job_id, "kind": kind, "spec": spec, "ws": ws})
-        try:
-            self.proc.stdin.write(_HEADER.pack(len(data)) + data)
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            self.kill()
-            return None
-        reply = self._read(time.monotonic() + timeout)
-        if reply is None:
-            self.crashed = self.proc.poll() is not None
-            self.kill()
-        return reply
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait()
-            for f in (self.proc.stdin, self.proc.stdout):
-                with contextlib.suppress(OSError):
-                    f.close()
-            self.proc = None
-
-
 class GrammarBackend:
-    """Compiles regex / json_schema / choices constraints over one vocabulary. Thread-safe submit."""
+    """Compiles constraints over one vocabulary with the engine `cfg.grammar_backend` names. Thread-safe submit."""
 
-    def __init__(self, vocab: Sequence[bytes | None], eos_ids: frozenset[int], cfg: GrammarConfig | None = None,
-                 num_workers: int = 2) -> None:
+    def __init__(self, vocab: Sequence[bytes | None] | VocabInfo, eos_ids: frozenset[int] | None = None,
+                 cfg: GrammarConfig | None = None, num_workers: int = 2) -> None:
         self.cfg = cfg or GrammarConfig()
-        self.eos_ids = frozenset(eos_ids)
-        if not self.eos_ids:
+        if not isinstance(vocab, VocabInfo):
+            vocab = VocabInfo(list(vocab), frozenset(eos_ids or ()), {})
+        if not vocab.eos_ids:
             raise ValueError("GrammarBackend needs at least one EOS id")
-        self.vocab_size = len(vocab)
-        clean = [None if (i in self.eos_ids or not b) else bytes(b) for i, b in enumerate(vocab)]
-        self._single = {}
-        self._first = [-1] * len(clean)
-        for i, b in enumerate(clean):
-            if b is not None:
-                self._first[i] = b[0]
-                if len(b) == 1:
-                    self._single.setdefault(b[0], i)
-        init = msgspec.msgpack.encode({"op": "init", "vocab": clean, "eos": min(self.eos_ids)})
-        self._init_frame = _HEADER.pack(len(init)) + init
+        self.eos_ids = vocab.eos_ids
+        self.vocab_size = vocab.vocab_size
+        self.name = self.cfg.grammar_backend
+        self.engine: Engine | None = None
+        if self.name != "none":
+            mod = require_backend(self.name)
+            self.engine = getattr(mod, _ENGINES[self.name])(vocab, self.cfg)
         self._lock = threading.Lock()
-        self._cache: collections.OrderedDict[tuple[str, str], CompiledGrammar | GrammarError] = \
-            collections.OrderedDict()
+        self._cache: collections.OrderedDict[tuple[str, str], Compiled | GrammarError] = collections.OrderedDict()
         self._sizes: dict[tuple[str, str], int] = {}
         self._inflight: dict[tuple[str, str], _Job] = {}
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._times: collections.deque[float] = collections.deque(maxlen=2048)
-        self._counts = collections.Counter()
+        self._counts: collections.Counter[str] = collections.Counter()
         self._compile_time_total = 0.0
-        self._next_id = 0
         self._closed = False
-        self._workers = [_Worker(self._init_frame) for _ in range(max(1, num_workers))]
-        self._threads = [threading.Thread(target=self._run, args=(w,), daemon=True, name=f"grammar-{i}")
-                         for i, w in enumerate(self._workers)]
-        if self.cfg.grammar_backend != "none":
+        self._slots: list[Any] = []
+        self._threads = [threading.Thread(target=self._run, daemon=True, name=f"grammar-{i}")
+                         for i in range(max(1, num_workers))]
+        if self.engine is not None:
             for t in self._threads:
                 t.start()
 
     @classmethod
     def from_tokenizer(cls, tok, cfg: GrammarConfig | None = None, num_workers: int = 2) -> GrammarBackend:  # noqa: ANN001
-        """From runtime.tokenizer.Tokenizer: byte tokens, special tokens excluded, its EOS set."""
-        special = frozenset(tok.special_ids)
-        vocab = [None if i in special else tok.token_bytes(i) for i in range(tok.vocab_size)]
-        return cls(vocab, frozenset(tok.eos_token_ids), cfg, num_workers)
+        """From runtime.tokenizer.Tokenizer: byte tokens, special tokens apart, its EOS set and encoder."""
+        return cls(vocab_info(tok), cfg=cfg, num_workers=num_workers)
 
     # ------------------------------------------------------------ public API
 
     def validate(self, kind: str, spec: str) -> None:
         """Cheap structural check (server process); raises GrammarValidationError (a ValueError)."""
-        _validate(kind, spec, self.cfg.constrained_json_whitespace_pattern)
+        if self.engine is None:
+            raise GrammarValidationError("constrained decoding is disabled (--grammar-backend none)")
+        self.engine.validate(kind, spec)
 
     def submit(self, kind: str, spec: str) -> GrammarFuture:
         key = (kind, spec)
-        if self.cfg.grammar_backend == "none":
+        if self.engine is None:
             return GrammarFuture(outcome=GrammarError("constrained decoding is disabled (--grammar-backend none)"))
         if kind not in KINDS:
             return GrammarFuture(outcome=GrammarError(f"unknown constraint kind {kind!r}"))
@@ -264,7 +204,7 @@ class GrammarBackend:
     def compile_blocking(self, kind: str, spec: str, timeout: float | None = None) -> Grammar | GrammarError:
         """submit() and wait (tests, benches, offline tools; never the scheduler thread)."""
         fut = self.submit(kind, spec)
-        limit = timeout if timeout is not None else self.cfg.grammar_compile_timeout * 4 + WORKER_READY_TIMEOUT
+        limit = timeout if timeout is not None else self.cfg.grammar_compile_timeout * 4 + 120
         res = fut.result(timeout=limit)
         return res if res is not None else GrammarError("compile did not finish in time", timed_out=True)
 
@@ -273,6 +213,7 @@ class GrammarBackend:
             times = sorted(self._times)
             c = self._counts
             return {
+                "backend": self.name,
                 "compile_count": c["compiled"] + c["failed"] + c["timeouts"],
                 "compile_ok": c["compiled"], "compile_errors": c["failed"], "timeouts": c["timeouts"],
                 "cache_hits": c["cache_hits"], "cache_misses": c["cache_misses"],
@@ -291,8 +232,9 @@ class GrammarBackend:
         for t in self._threads:
             if t.is_alive():
                 t.join(timeout=self.cfg.grammar_compile_timeout + 5)
-        for w in self._workers:
-            w.kill()
+        if self.engine is not None:
+            for s in self._slots:
+                self.engine.close_slot(s)
 
     def __enter__(self) -> GrammarBackend:
         return self
@@ -300,17 +242,17 @@ class GrammarBackend:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------ worker threads
+    # ------------------------------------------------------------ compile threads
 
-    def _run(self, worker: _Worker) -> None:
-        try:
-            worker._spawn()
-        except Exception:  # noqa: BLE001 - retried at the first job
-            logger.warning("grammar worker did not start; retrying on first job")
+    def _run(self) -> None:
+        assert self.engine is not None
+        slot = self.engine.new_slot()
+        with self._lock:
+            self._slots.append(slot)
         while True:
             job = self._queue.get()
             if job is None or self._closed:
-                worker.kill()
+                self.engine.close_slot(slot)
                 return
             with job.lock:
                 if job.skip:
@@ -319,50 +261,29 @@ class GrammarBackend:
                             del self._inflight[job.key]
                     continue
                 job.started = True
-            self._finish(job, self._compile(worker, job))
-
-    def _compile(self, worker: _Worker, job: _Job) -> tuple[CompiledGrammar | GrammarError, int]:
-        kind, spec = job.key
-        timeout = self.cfg.grammar_compile_timeout
-        t0 = time.perf_counter()
-        self._next_id += 1
-        try:
-            reply = worker.compile(self._next_id, kind, spec, self.cfg.constrained_json_whitespace_pattern, timeout)
-        except Exception as e:  # noqa: BLE001 - spawn failure
-            return GrammarError(f"grammar compile worker failed: {e}"), 0
-        wall = time.perf_counter() - t0
-        with self._lock:
-            self._times.append(wall)
-            self._compile_time_total += wall
-        if reply is None and worker.crashed:
+            t0 = time.perf_counter()
+            try:
+                outcome, size, what = self.engine.compile(slot, *job.key)
+            except Exception as e:  # noqa: BLE001 - an engine bug fails this compile, not the thread
+                logger.exception("grammar compile of %s raised", job.key[0])
+                outcome, size, what = GrammarError(f"grammar compile failed: {type(e).__name__}: {e}"), 0, "failed"
+            wall = time.perf_counter() - t0
             with self._lock:
-                self._counts["failed"] += 1
-                self._counts["worker_restarts"] += 1
-            return GrammarError(f"grammar compile worker died compiling this {kind} (memory limit?)",
-                                code="grammar_too_complex"), 0
-        if reply is None:
-            with self._lock:
-                self._counts["timeouts"] += 1
-                self._counts["worker_restarts"] += 1
-            logger.warning("grammar compile of %s timed out after %.1fs; worker killed", kind, timeout)
-            return GrammarError(f"grammar compilation timed out after {timeout:g}s ({kind} too complex)",
-                                code="grammar_too_complex", timed_out=True), 0
-        if not reply["ok"]:
-            with self._lock:
-                self._counts["failed"] += 1
-            return GrammarError(reply["error"], code=reply.get("code") or "invalid_value"), 0
-        from outlines_core import Index
+                self._times.append(wall)
+                self._compile_time_total += wall
+                if what == "crashed":
+                    self._counts["failed"] += 1
+                    self._counts["worker_restarts"] += 1
+                elif what == "timeouts":
+                    self._counts["timeouts"] += 1
+                    self._counts["worker_restarts"] += 1
+                else:
+                    self._counts[what] += 1
+            if what == "timeouts":
+                logger.warning("grammar compile of %s timed out; worker killed", job.key[0])
+            self._finish(job, outcome, size)
 
-        blob = reply["index"]
-        index = Index.from_binary(blob)
-        with self._lock:
-            self._counts["compiled"] += 1
-        compiled = CompiledGrammar(index, job.key, reply["regex"], self.eos_ids, self._single, self._first,
-                                   self.vocab_size)
-        return compiled, len(blob)
-
-    def _finish(self, job: _Job, result: tuple[CompiledGrammar | GrammarError, int]) -> None:
-        outcome, size = result
+    def _finish(self, job: _Job, outcome: Compiled | GrammarError, size: int) -> None:
         with self._lock:
             self._cache[job.key] = outcome
             self._sizes[job.key] = size
@@ -375,6 +296,14 @@ class GrammarBackend:
                 del self._inflight[job.key]
         job.outcome = outcome
         job.event.set()
+
+
+def vocab_info(tok) -> VocabInfo:  # noqa: ANN001 (runtime.tokenizer.Tokenizer)
+    """The vocabulary of a runtime Tokenizer: byte tokens; special tokens (and EOS) apart, with their text."""
+    special = frozenset(tok.special_ids) | frozenset(tok.eos_token_ids)
+    tokens = [None if i in special else tok.token_bytes(i) for i in range(tok.vocab_size)]
+    return VocabInfo(tokens, frozenset(tok.eos_token_ids), {i: tok.token_bytes(i) for i in special},
+                     tok.bos_token_id, lambda s: tok.encode(s, add_special_tokens=False, allow_special=False))
 
 
 def _pct(sorted_vals: list[float], q: float) -> float:
@@ -418,9 +347,7 @@ class SchedulerFuture:
 
 
 def params_constraint(params) -> tuple[str, str] | None:  # noqa: ANN001 (SamplingParams)
-    """(kind, spec) of a SamplingParams' constraint, or None. ebnf maps to kind "ebnf" (unsupported here)."""
-    import json
-
+    """(kind, spec) of a SamplingParams' constraint, or None."""
     if params.regex is not None:
         return "regex", params.regex
     if params.json_schema is not None:
@@ -429,6 +356,9 @@ def params_constraint(params) -> tuple[str, str] | None:  # noqa: ANN001 (Sampli
         return "choices", json.dumps(list(params.choices))
     if params.ebnf is not None:
         return "ebnf", params.ebnf
+    st = getattr(params, "structural_tag", None)
+    if st is not None:
+        return "structural_tag", st
     return None
 
 
@@ -436,9 +366,6 @@ def _get_future(self: GrammarBackend, params) -> SchedulerFuture | None:  # noqa
     kc = params_constraint(params)
     if kc is None:
         return None
-    if kc[0] == "ebnf":
-        return SchedulerFuture(GrammarFuture(outcome=GrammarError("ebnf grammars are not supported by the "
-                                                                  "outlines grammar backend")))
     return SchedulerFuture(self.submit(*kc))
 
 
@@ -446,19 +373,34 @@ GrammarBackend.get_future = _get_future  # the scheduler seam: get_future(Sampli
 
 
 def create_grammar_backend(cfg, tok) -> GrammarBackend | None:  # noqa: ANN001 (runtime.config.Config, Tokenizer)
-    """What runtime/scheduler/process.py calls in the scheduler process."""
+    """What runtime/scheduler/process.py calls in the scheduler process; raises BackendUnavailable (start-up
+    stops)."""
     if cfg.grammar.grammar_backend == "none":
         return None
     return GrammarBackend.from_tokenizer(tok, cfg.grammar)
 
 
-def validate_params(params, whitespace: str | None = None) -> None:  # noqa: ANN001 (SamplingParams)
-    """Server-side check of a request's constraint (400 on GrammarValidationError, a ValueError)."""
+def validate_spec(kind: str, spec: str, cfg: GrammarConfig | None = None) -> None:
+    """Server-side check of one constraint with the configured backend's rules (GrammarValidationError names
+    the problem: an unsupported keyword, a size limit, a syntax error)."""
+    cfg = cfg or GrammarConfig()
+    if cfg.grammar_backend == "none":
+        raise GrammarValidationError("constrained decoding is disabled (--grammar-backend none)")
+    if kind not in KINDS:
+        raise GrammarValidationError(f"unknown constraint kind {kind!r} (expected one of {', '.join(KINDS)})")
+    mod = require_backend(cfg.grammar_backend)
+    if cfg.grammar_backend == "outlines":
+        mod.validate(kind, spec, cfg.constrained_json_whitespace_pattern)
+    else:
+        mod.validate(kind, spec, cfg)
+
+
+def validate_params(params, cfg: GrammarConfig | str | None = None) -> None:  # noqa: ANN001 (SamplingParams)
+    """Server-side check of a request's constraint (400 on GrammarValidationError, a ValueError). `cfg` may be
+    the whitespace pattern alone (older callers): then the default backend's rules apply."""
     kc = params_constraint(params)
     if kc is None:
         return
-    if kc[0] == "ebnf":
-        from runtime.constrained.schema import GrammarValidationError
-
-        raise GrammarValidationError("ebnf grammars are not supported by the outlines grammar backend")
-    _validate(kc[0], kc[1], whitespace)
+    if not isinstance(cfg, GrammarConfig):
+        cfg = GrammarConfig(constrained_json_whitespace_pattern=cfg)
+    validate_spec(kc[0], kc[1], cfg)

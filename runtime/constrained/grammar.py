@@ -1,147 +1,129 @@
-"""Per-request grammar state over a compiled outlines-core Index, batched masks, and jump-forward.
+"""The grammar seam the scheduler uses: one `Grammar` base class, batched masks, jump-forward planning.
 
-Data flow each decode step (scheduler side):
-    apply_grammar_masks(logits[B, V], [req.grammar or None ...])   # one bitmask for the constrained rows only
-    sample -> token ids
+Every backend (outlines_backend.py, llguidance_backend.py, xgrammar_backend.py) subclasses `Grammar` and
+implements the few `_`-prefixed hooks; the scheduler (runtime/scheduler/process.py, finish.py) only sees:
+    apply_grammar_masks(logits[B, V], [req.grammar or None ...])   # one int32 bitmask for the constrained rows
     req.grammar.accept_token(tid); finished if req.grammar.is_terminated()
     plan = plan_jump_forward(req.grammar, req.output_ids, tok.token_bytes, encode)   # optional
-    if plan: drop plan.rollback trailing tokens (their KV), append plan.new_ids (computed as an extend),
-             req.grammar.replace_tail(plan.rollback, plan.new_ids)
+    if plan: drop plan.rollback trailing tokens, append plan.new_ids, req.grammar.replace_tail(...)
 
 Invariants:
-- `CompiledGrammar` is immutable and shared by every request with the same (kind, spec); per-state caches on
-  it (forced jump-forward bytes) are pure functions of the Index, so sharing them is safe.
-- A `Grammar` holds the DFA state history (`_states[0]` is the initial state, one entry per accepted token),
-  so `rollback(n)` is exact for any n <= tokens accepted.
-- EOS ids are masked in only in accepting states; accepting EOS terminates the grammar.
+- `_tokens` holds the accepted non-EOS tokens in order; the backend matcher is always exactly at the state after
+  them, so `rollback(n)` is exact for any n <= len(_tokens).
+- EOS ids never reach the backend matcher: an EOS is accepted here only in an accepting state (then the grammar
+  is terminated). In masks, EOS bits are set exactly in accepting states, whatever the backend wrote.
+- Bitmask layout (all backends, llguidance's and xgrammar's own): int32 words, bit j of word w = token 32*w + j.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-from outlines_core import Guide, Index
 
-MAX_JUMP_BYTES = 512  # longest forced string returned by one jump_forward()
+MAX_JUMP_BYTES = 512  # longest forced string one jump_forward() returns
 
 
-class CompiledGrammar:
-    """One compiled constraint: the Index plus vocabulary facts needed for masks and jump-forward."""
+@dataclass(frozen=True)
+class GrammarError:
+    """A failed compile: `message` names the problem; `code` is "invalid_value" or "grammar_too_complex"."""
 
-    def __init__(self, index: Index, key: tuple[str, str], regex: str, eos_ids: frozenset[int],
-                 single_byte_ids: dict[int, int], first_byte: Sequence[int], vocab_size: int) -> None:
-        self.index = index
-        self.key = key
-        self.regex = regex
+    message: str
+    code: str = "invalid_value"
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    """What every backend needs to know about the model's vocabulary.
+    tokens[i]: the bytes of token i (None: a special/control token or a hole); special[i]: a special token's text;
+    encode(text) -> ids (plain text, no control tokens), for backends that re-tokenize forced text."""
+
+    tokens: list[bytes | None]
+    eos_ids: frozenset[int]
+    special: dict[int, bytes]
+    bos_id: int | None = None
+    encode: Callable[[str], list[int]] | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+
+class Grammar(ABC):
+    """A request's position in one compiled constraint. `copy()` is a fresh grammar at the initial state."""
+
+    def __init__(self, eos_ids: frozenset[int], vocab_size: int) -> None:
         self.eos_ids = eos_ids
-        self.vocab_size = vocab_size
-        self._single = single_byte_ids  # byte value -> the token id that is exactly that byte
-        self._first_byte = first_byte  # token id -> first byte of its bytes (-1: none / special)
-        self._forced: dict[int, tuple[bytes, int]] = {}  # state -> (forced bytes, state after them)
-        self.initial_state = index.get_initial_state()
-
-    def forced_from(self, state: int) -> tuple[bytes, int]:
-        """The bytes every continuation from `state` must start with (stopping at accepting states), and the
-        state after them. Exact when the vocabulary has a single-byte token for each byte it can emit."""
-        hit = self._forced.get(state)
-        if hit is not None:
-            return hit
-        out = bytearray()
-        s = state
-        while len(out) < MAX_JUMP_BYTES and not self.index.is_final_state(s):
-            firsts = {self._first_byte[t] for t in self.index.get_allowed_tokens(s) if t not in self.eos_ids}
-            if len(firsts) != 1:
-                break
-            b = firsts.pop()
-            tid = self._single.get(b)
-            nxt = None if tid is None or b < 0 else self.index.get_next_state(s, tid)
-            if nxt is None:
-                break
-            out.append(b)
-            s = nxt
-        result = (bytes(out), s)
-        self._forced[state] = result
-        return result
-
-    def new_state(self) -> Grammar:
-        return Grammar(self)
-
-
-class Grammar:
-    """A request's position in one compiled grammar. `copy()` gives a fresh grammar at the initial state."""
-
-    def __init__(self, compiled: CompiledGrammar) -> None:
-        self.compiled = compiled
-        self._guide: Guide | None = Guide(compiled.index)  # shares the Index (Arc); only writes masks
-        self._states: list[int] = [compiled.initial_state]
-        self._tokens: list[int] = []  # accepted non-EOS tokens; _states[i + 1] is the state after _tokens[i]
+        self.vocab_size = vocab_size  # the backend's vocabulary (bitmask words = ceil(vocab_size / 32))
+        self._tokens: list[int] = []
         self._eos_accepted = False
+
+    # ------------------------------------------------------------ backend hooks
+
+    @abstractmethod
+    def copy(self) -> Grammar: ...
+
+    @abstractmethod
+    def _consume(self, token_id: int) -> bool:
+        """Advance the backend matcher by one non-EOS token; False (state unchanged) if it is not allowed."""
+
+    @abstractmethod
+    def _backtrack(self, n: int) -> None:
+        """Undo the backend matcher's last n tokens."""
+
+    @abstractmethod
+    def is_accepting(self) -> bool:
+        """The text so far is a complete match (EOS may follow)."""
+
+    @abstractmethod
+    def _only_eos_next(self) -> bool:
+        """Accepting, and no non-EOS token may follow."""
+
+    @abstractmethod
+    def _forced_bytes(self) -> bytes:
+        """Bytes every continuation from here must start with (may be empty)."""
+
+    @abstractmethod
+    def _write_row(self, row: torch.Tensor) -> None:
+        """The backend's allowed-token bits into `row` (int32 [ceil(vocab_size / 32)], contiguous CPU)."""
+
+    @classmethod
+    def fill_bitmasks(cls, grammars: Sequence[Grammar], bitmask: torch.Tensor) -> None:
+        """Row k of `bitmask` (int32 [len(grammars), ceil(vocab_size / 32)], zeroed, contiguous CPU) = the
+        backend bits of grammars[k]. Backends with a batched API override this."""
+        for k, g in enumerate(grammars):
+            g._write_row(bitmask[k])
 
     # ------------------------------------------------------------ state
 
-    def copy(self) -> Grammar:
-        return Grammar(self.compiled)
-
-    @property
-    def state(self) -> int:
-        return self._states[-1]
-
     @property
     def num_accepted(self) -> int:
-        return len(self._states) - 1 + int(self._eos_accepted)
+        return len(self._tokens) + int(self._eos_accepted)
 
-    def is_accepting(self) -> bool:
-        return self.compiled.index.is_final_state(self.state)
-
-    def allowed_tokens(self) -> list[int]:
-        if self._eos_accepted:
-            return []
-        toks = [t for t in self.compiled.index.get_allowed_tokens(self.state) if t not in self.compiled.eos_ids]
-        return toks + sorted(self.compiled.eos_ids) if self.is_accepting() else toks
+    @property
+    def terminated(self) -> bool:
+        """An EOS was accepted."""
+        return self._eos_accepted
 
     def accept_token(self, token_id: int) -> None:
         """Advance by one sampled token; ValueError if the grammar does not allow it."""
         if self._eos_accepted:
             raise ValueError(f"grammar already terminated; got token {token_id}")
-        if token_id in self.compiled.eos_ids:
+        if token_id in self.eos_ids:
             if not self.is_accepting():
                 raise ValueError(f"EOS token {token_id} is not allowed before the grammar is complete")
             self._eos_accepted = True
             return
-        nxt = self.compiled.index.get_next_state(self.state, token_id)
-        if nxt is None:
-            raise ValueError(f"token {token_id} is not allowed by the grammar in state {self.state}")
-        self._states.append(nxt)
+        if not self._consume(token_id):
+            raise ValueError(f"token {token_id} is not allowed by the grammar here")
         self._tokens.append(token_id)
-        if self._guide is not None:
-            self._guide.advance(token_id, return_tokens=False)
 
     def accept_tokens(self, token_ids: Sequence[int]) -> None:
         for t in token_ids:
             self.accept_token(t)
-
-    def can_accept(self, token_ids: Sequence[int]) -> bool:
-        s = self.state
-        idx = self.compiled.index
-        for t in token_ids:
-            if t in self.compiled.eos_ids:
-                return False
-            s = idx.get_next_state(s, t)
-            if s is None:
-                return False
-        return True
-
-    def can_accept_after_rollback(self, n: int, token_ids: Sequence[int]) -> bool:
-        if n > len(self._states) - 1:
-            return False
-        s = self._states[len(self._states) - 1 - n]
-        for t in token_ids:
-            s = None if t in self.compiled.eos_ids else self.compiled.index.get_next_state(s, t)
-            if s is None:
-                return False
-        return True
 
     def rollback(self, n: int) -> None:
         """Undo the last n accepted tokens (an accepted EOS counts as one)."""
@@ -150,72 +132,69 @@ class Grammar:
         if self._eos_accepted:
             self._eos_accepted = False
             n -= 1
-        if n > len(self._states) - 1:
-            raise ValueError(f"cannot roll back {n} tokens: only {len(self._states) - 1} accepted")
+        if n > len(self._tokens):
+            raise ValueError(f"cannot roll back {n} tokens: only {len(self._tokens)} accepted")
         if n:
-            del self._states[-n:]
+            self._backtrack(n)
             del self._tokens[-n:]
-            self._guide = None
+
+    def can_accept_after_rollback(self, n: int, token_ids: Sequence[int]) -> bool:
+        """Whether `token_ids` would be accepted after rolling back n tokens (the state is left unchanged)."""
+        if self._eos_accepted or n > len(self._tokens) or any(t in self.eos_ids for t in token_ids):
+            return False
+        tail = self._tokens[len(self._tokens) - n:]
+        self.rollback(n)
+        done = 0
+        try:
+            for t in token_ids:
+                if not self._consume(t):
+                    break
+                done += 1
+            return done == len(token_ids)
+        finally:
+            if done:
+                self._backtrack(done)
+            for t in tail:
+                if not self._consume(t):
+                    raise RuntimeError("grammar could not replay its own tokens after a rollback")
+            self._tokens.extend(tail)
+
+    def can_accept(self, token_ids: Sequence[int]) -> bool:
+        return self.can_accept_after_rollback(0, token_ids)
 
     def replace_tail(self, rollback: int, new_ids: Sequence[int]) -> None:
-        """Jump-forward bookkeeping: drop `rollback` trailing tokens, then accept `new_ids`."""
-        saved = list(self._states), list(self._tokens), self._eos_accepted
+        """Jump-forward bookkeeping: drop `rollback` trailing tokens, then accept `new_ids` (all or nothing)."""
+        if not self.can_accept_after_rollback(rollback, new_ids):
+            raise ValueError("the grammar does not accept the jump-forward tokens")
         self.rollback(rollback)
-        try:
-            self.accept_tokens(new_ids)
-        except ValueError:
-            self._states, self._tokens, self._eos_accepted = saved
-            self._guide = None
-            raise
+        self.accept_tokens(new_ids)
 
     def advance_text(self, token_ids: Sequence[int]) -> None:
-        """Re-init from the initial state and replay all of `token_ids` (the request's final output ids)."""
-        self._states = [self.compiled.initial_state]
-        self._tokens = []
-        self._eos_accepted = False
-        self._guide = Guide(self.compiled.index)
+        """Back to the initial state, then accept all of `token_ids` (a request's final output ids)."""
+        self.rollback(self.num_accepted)
         self.accept_tokens(token_ids)
 
     def is_terminated(self) -> bool:
         """EOS accepted, or an accepting state from which nothing but EOS may follow."""
-        if self._eos_accepted:
-            return True
-        if not self.is_accepting():
-            return False
-        return all(t in self.compiled.eos_ids for t in self.compiled.index.get_allowed_tokens(self.state))
+        return self._eos_accepted or self._only_eos_next()
 
     # ------------------------------------------------------------ masks
 
-    def _guide_now(self) -> Guide:
-        """The mask-writing Guide at the current state (rebuilt by replaying the tokens after a rollback)."""
-        if self._guide is None:
-            g = Guide(self.compiled.index)
-            for t in self._tokens:
-                g.advance(t, return_tokens=False)
-            self._guide = g
-        return self._guide
-
     def write_bitmask(self, row: torch.Tensor) -> None:
-        """Write this grammar's allowed-token bitmask into `row` (int32 [W], contiguous CPU, W*32 >= vocab)."""
-        if self._eos_accepted:
-            row.zero_()
-            for e in self.compiled.eos_ids:
-                row[e >> 5] |= _bit(e)
-            return
-        self._guide_now().write_mask_into(row.data_ptr(), row.numel(), 4)
-        if self.is_accepting():  # the Index knows one EOS id; allow them all
-            for e in self.compiled.eos_ids:
-                row[e >> 5] |= _bit(e)
-        else:
-            for e in self.compiled.eos_ids:
-                row[e >> 5] &= ~_bit(e)
+        """This grammar's allowed tokens into `row` (int32 [W], contiguous CPU, W*32 >= vocab_size)."""
+        _fill_rows([self], row.view(1, -1))
 
     def fill_mask(self, mask_row: torch.Tensor) -> None:
         """Set `mask_row` (bool [V]) to the allowed tokens."""
         v = mask_row.shape[0]
-        bm = torch.zeros((v + 31) // 32, dtype=torch.int32)
-        self.write_bitmask(bm)
-        mask_row.copy_(unpack_bitmask(bm.unsqueeze(0), v)[0])
+        bm = torch.zeros(1, (v + 31) // 32, dtype=torch.int32)
+        _fill_rows([self], bm)
+        mask_row.copy_(unpack_bitmask(bm, v)[0])
+
+    def allowed_tokens(self) -> list[int]:
+        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+        self.fill_mask(mask)
+        return mask.nonzero().flatten().tolist()
 
     # ------------------------------------------------------------ jump-forward
 
@@ -223,8 +202,7 @@ class Grammar:
         """The forced bytes from the current state (not consumed), or None when the next byte is free."""
         if self._eos_accepted:
             return None
-        forced, _ = self.compiled.forced_from(self.state)
-        return forced or None
+        return self._forced_bytes()[:MAX_JUMP_BYTES] or None
 
     def jump_forward(self) -> str | None:
         """The forced continuation as text (cut to whole UTF-8 characters), or None if there is none."""
@@ -258,12 +236,41 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab: int, allowed: bool = True) -> t
     return bits.view(bitmask.shape[0], -1)[:, :vocab]
 
 
+def _fill_rows(grammars: Sequence[Grammar], bitmask: torch.Tensor) -> None:
+    """bitmask: int32 [len(grammars), W] (zeroed by this function). Rows are filled per backend class with its
+    batched API, then EOS bits are fixed up (set iff accepting, only EOS after termination)."""
+    bitmask.zero_()
+    groups: dict[type, list[int]] = {}
+    for k, g in enumerate(grammars):
+        if not g._eos_accepted:
+            groups.setdefault(type(g), []).append(k)
+    for cls, ks in groups.items():
+        words = (grammars[ks[0]].vocab_size + 31) // 32
+        if words > bitmask.shape[1]:
+            raise ValueError(f"grammar vocabulary ({grammars[ks[0]].vocab_size}) is wider than the logits")
+        if len(ks) == len(grammars) and words == bitmask.shape[1] and bitmask.is_contiguous():
+            cls.fill_bitmasks(grammars, bitmask)
+        else:
+            part = torch.zeros(len(ks), words, dtype=torch.int32)
+            cls.fill_bitmasks([grammars[k] for k in ks], part)
+            bitmask[torch.tensor(ks), :words] = part
+    for k, g in enumerate(grammars):
+        accepting = g._eos_accepted or g.is_accepting()
+        if g._eos_accepted:
+            bitmask[k].zero_()
+        for e in g.eos_ids:
+            if accepting:
+                bitmask[k, e >> 5] |= _bit(e)
+            else:
+                bitmask[k, e >> 5] &= ~_bit(e)
+
+
 def _constrained_bitmask(grammars: Sequence[Grammar | None], vocab_size: int) -> tuple[list[int], torch.Tensor]:
     """(rows that have a grammar, their packed allowed-token bitmask int32 [len(rows), ceil(V / 32)])."""
     rows = [i for i, g in enumerate(grammars) if g is not None]
     bm = torch.zeros((len(rows), (vocab_size + 31) // 32), dtype=torch.int32)
-    for j, i in enumerate(rows):
-        grammars[i].write_bitmask(bm[j])
+    if rows:
+        _fill_rows([grammars[i] for i in rows], bm)
     return rows, bm
 
 
@@ -307,6 +314,8 @@ def plan_jump_forward(grammar: Grammar, output_ids: Sequence[int], token_bytes: 
     """Where the grammar forces text, re-tokenize the last <= `window` output tokens plus the forced text so the
     output is what the tokenizer would produce. Tokens shared with the old tail are kept (rollback counts only
     what changes). Returns None when nothing is forced or no re-tokenization is accepted by the grammar."""
+    if grammar.terminated:
+        return None
     forced = grammar.jump_forward()
     if not forced:
         return None
@@ -323,7 +332,7 @@ def plan_jump_forward(grammar: Grammar, output_ids: Sequence[int], token_bytes: 
         rollback, fresh = k - keep, new_ids[keep:]
         if not fresh:
             continue
-        if grammar._eos_accepted or not grammar.can_accept_after_rollback(rollback, fresh):
+        if not grammar.can_accept_after_rollback(rollback, fresh):
             continue
         return JumpPlan(rollback, list(fresh), forced)
     return None

@@ -62,6 +62,8 @@ def create_scheduler(cfg: Config) -> tuple[Any, ModelInfo]:
 
 
 def _grammar_backend(cfg: Config, tok: Any) -> Any:
+    """The configured grammar backend; one whose package cannot load raises (BackendUnavailable: one line
+    naming the package and its install command), so start-up stops instead of serving without constraints."""
     if cfg.grammar.grammar_backend == "none":
         return None
     from runtime.constrained import create_grammar_backend

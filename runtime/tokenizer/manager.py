@@ -28,7 +28,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from runtime.config import Config
+from runtime.config import Config, GrammarConfig
 from runtime.constrained import validate_params
 from runtime.ipc import AsyncReceiver, Endpoints, Sender
 from runtime.messages import (
@@ -60,11 +60,13 @@ class StatsSink(Protocol):
                   finish_type: str) -> None: ...
 
 
-def check_constraint(sp: SamplingParams, whitespace: str | None, names: OpenAINames | None) -> None:
-    """The grammar backend's cheap front-end check, so a bad regex or schema is a 400 before anything is
-    scheduled (the one place a request's constraint is validated before the scheduler compiles it)."""
+def check_constraint(sp: SamplingParams, grammar: GrammarConfig | str | None, names: OpenAINames | None) -> None:
+    """The configured grammar backend's cheap front-end check, so a bad regex or schema (or a keyword the backend
+    cannot enforce) is a 400 before anything is scheduled (the one place a request's constraint is validated
+    before the scheduler compiles it). `grammar`: the server's GrammarConfig (a whitespace pattern alone means
+    the default backend)."""
     try:
-        validate_params(sp, whitespace)
+        validate_params(sp, grammar)
     except ValueError as e:
         code = getattr(e, "code", "invalid_value")
         if names is not None and names.constraint is not None:
@@ -239,7 +241,7 @@ class TokenizerManager:
         if any(x is not None for x in (sp.regex, sp.json_schema, sp.ebnf, sp.choices)):
             if self.cfg.grammar.grammar_backend == "none":
                 raise RequestError("constrained decoding is off (--grammar-backend none)", "sampling_params")
-            check_constraint(sp, self.cfg.grammar.constrained_json_whitespace_pattern, req.openai)
+            check_constraint(sp, self.cfg.grammar, req.openai)
         if not 0 <= req.top_logprobs_num <= srv.max_top_logprobs:
             raise RequestError(f"top_logprobs_num must be in [0, {srv.max_top_logprobs}]", "top_logprobs_num")
         names = req.openai

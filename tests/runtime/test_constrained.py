@@ -1,5 +1,6 @@
-"""Grammar backend on SmolLM2's real vocabulary: sampled outputs always valid, timeouts kill the worker, cache,
-EOS only when accepting, jump-forward and its re-tokenization.
+"""Grammar backends (llguidance, xgrammar, outlines: each test runs on each) on SmolLM2's real vocabulary:
+sampled outputs always valid, cache, EOS only when accepting, jump-forward and its re-tokenization; for
+outlines also: timeouts kill the compile worker, workers die with their parent.
 
 The sampler is random logits (plus a fixed bias toward tokens that close strings/objects, so random walks end)
 masked by the grammar: a stand-in for the model that explores far more of each grammar than a model would.
@@ -39,11 +40,19 @@ def tok():
     return load_tokenizer(os.path.join(d, "SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
-@pytest.fixture(scope="module")
-def backend(tok):
-    be = GrammarBackend.from_tokenizer(tok, GrammarConfig(grammar_compile_timeout=SLACK_TIMEOUT), num_workers=2)
+BACKENDS = ("llguidance", "xgrammar", "outlines")
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def backend(tok, request):
+    cfg = GrammarConfig(grammar_backend=request.param, grammar_compile_timeout=SLACK_TIMEOUT)
+    be = GrammarBackend.from_tokenizer(tok, cfg, num_workers=2)
     yield be
     be.close()
+
+
+def outlines_cfg(timeout: float) -> GrammarConfig:
+    return GrammarConfig(grammar_backend="outlines", grammar_compile_timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +113,7 @@ SCHEMAS = [
     {**OBJ, "properties": {"site": {"type": "string", "format": "uri"}}, "required": ["site"]},
     {**OBJ, "properties": {"t": {"type": "string", "format": "time"}}, "required": ["t"]},
     {**OBJ, "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}(-[0-9]{4})?$"}}, "required": ["zip"]},
-    {**OBJ, "properties": {"code": {"type": "string", "pattern": "[A-Z]{3}-[0-9]{2,4}"}}, "required": ["code"]},
+    {**OBJ, "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2,4}$"}}, "required": ["code"]},
     {"$defs": {"pt": {**OBJ, "properties": {"x": {"type": "integer", "minimum": -10, "maximum": 10},
                                             "y": {"type": "integer", "minimum": -10, "maximum": 10}},
                       "required": ["x", "y"]}},
@@ -132,6 +141,8 @@ def test_thirty_schemas_sampled_outputs_validate(backend, tok, bias) -> None:
     for n, (schema, fut) in enumerate(zip(SCHEMAS, futs, strict=True)):
         g = fut.result(timeout=120)
         assert isinstance(g, Grammar), (schema, g)
+        if backend.name == "xgrammar" and "email" in json.dumps(schema):
+            continue  # xgrammar's email format has no length bound (it ignores maxLength there): random walks run on
         for seed in range(2):
             text = sample(g.copy(), tok, bias, seed=100 * n + seed)
             value = json.loads(text)
@@ -156,6 +167,9 @@ def test_twenty_regexes_sampled_outputs_fullmatch(backend, tok, bias) -> None:
     futs = [backend.submit("regex", rx) for rx, _ in REGEXES]
     for n, ((rx, mod), fut) in enumerate(zip(REGEXES, futs, strict=True)):
         g = fut.result(timeout=120)
+        if backend.name == "xgrammar" and rx.startswith(r"\p"):
+            assert isinstance(g, GrammarError) and "Unicode character class" in g.message
+            continue
         assert isinstance(g, Grammar), (rx, g)
         for seed in range(3):
             text = sample(g.copy(), tok, bias, seed=7 * n + seed)
@@ -171,8 +185,8 @@ def test_choices(backend, tok, bias) -> None:
 
 
 def test_invalid_spec_is_a_cached_error_naming_the_problem(backend) -> None:
-    with pytest.raises(ValueError, match="multiple repeat"):
-        backend.validate("regex", "foo**")
+    with pytest.raises(ValueError, match="regex"):
+        backend.validate("regex", "foo(")
     err = backend.compile_blocking("regex", "((")
     assert isinstance(err, GrammarError) and "regex" in err.message and not err.timed_out
     before = backend.stats()["cache_hits"]
@@ -181,7 +195,7 @@ def test_invalid_spec_is_a_cached_error_naming_the_problem(backend) -> None:
 
 
 def test_runaway_compile_is_killed_while_small_grammars_compile(tok) -> None:
-    with GrammarBackend.from_tokenizer(tok, GrammarConfig(grammar_compile_timeout=TIMEOUT), num_workers=2) as be:
+    with GrammarBackend.from_tokenizer(tok, outlines_cfg(TIMEOUT), num_workers=2) as be:
         _runaway(be)
 
 
@@ -194,9 +208,9 @@ def _runaway(backend: GrammarBackend) -> None:
     with pytest.raises(ValueError, match="maxLength"):
         backend.validate("json_schema", '{"type": "string", "maxLength": 1000000}')
     deadline = time.monotonic() + 60
-    while any(w.proc is None for w in backend._workers) and time.monotonic() < deadline:
+    while (len(backend._slots) < 2 or any(w.proc is None for w in backend._slots)) and time.monotonic() < deadline:
         time.sleep(0.05)  # workers spawn in the background at construction
-    pids = {w.proc.pid for w in backend._workers}
+    pids = {w.proc.pid for w in backend._slots}
     stats0 = backend.stats()
     t0 = time.monotonic()
     fut = backend.submit("regex", slow)
@@ -214,7 +228,7 @@ def _runaway(backend: GrammarBackend) -> None:
     stats = backend.stats()
     assert stats["timeouts"] == stats0["timeouts"] + 1
     # The worker that ran it was killed (its pid is gone) and the failure is cached.
-    alive_pids = {w.proc.pid for w in backend._workers if w.proc is not None}
+    alive_pids = {w.proc.pid for w in backend._slots if w.proc is not None}
     killed = pids - alive_pids
     assert len(killed) == 1
     with pytest.raises(ProcessLookupError):
@@ -238,8 +252,7 @@ def test_cache_hit_path_and_stats(backend) -> None:
 
 
 def test_cancel_skips_unstarted_compile(tok) -> None:
-    with GrammarBackend.from_tokenizer(tok, GrammarConfig(grammar_compile_timeout=SLACK_TIMEOUT),
-                                       num_workers=1) as be:
+    with GrammarBackend.from_tokenizer(tok, outlines_cfg(SLACK_TIMEOUT), num_workers=1) as be:
         blocker = be.submit("regex", r"[a-z]{1,50}")
         fut = be.submit("regex", r"[0-9]{1,3}x")
         fut.cancel()
@@ -307,14 +320,15 @@ def test_jump_forward_forces_long_keys_and_retokenizes(backend, tok, bias) -> No
     # Grammar state follows the final tokens: replaying them from scratch reaches the same state.
     replay = g.copy()
     replay.advance_text(out)
-    assert replay.state == g.state
+    assert replay.is_terminated() and replay.allowed_tokens() == g.allowed_tokens()
     # Rollback is exact.
     g2 = g.copy()
     g2.advance_text(out[:5])
-    s5 = g2.state
+    s5 = g2.allowed_tokens()
     g2.accept_tokens(out[5:8])
+    assert g2.allowed_tokens() != s5
     g2.rollback(3)
-    assert g2.state == s5
+    assert g2.allowed_tokens() == s5
 
 
 def test_free_positions_have_no_jump(backend) -> None:
@@ -336,15 +350,19 @@ def test_scheduler_seam_get_future_and_validate_params(backend) -> None:
     bad = backend.get_future(SamplingParams(regex="(("))
     while not bad.done() and time.monotonic() < deadline:
         time.sleep(0.01)
-    with pytest.raises(GrammarCompileError, match="invalid regex"):
+    with pytest.raises(GrammarCompileError, match="regex"):
         bad.result()
-    ebnf = backend.get_future(SamplingParams(ebnf="root ::= 'a'"))
-    assert ebnf.done()
-    with pytest.raises(GrammarCompileError, match="ebnf"):
-        ebnf.result()
-    validate_params(SamplingParams(json_schema='{"type": "integer"}'))
+    ebnf = backend.get_future(SamplingParams(ebnf='root ::= "a" | "bc"'))
+    while not ebnf.done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if backend.name == "outlines":
+        with pytest.raises(GrammarCompileError, match="ebnf"):
+            ebnf.result()
+    else:
+        assert ebnf.result().copy().allowed_tokens()
+    validate_params(SamplingParams(json_schema='{"type": "integer"}'), backend.cfg)
     with pytest.raises(ValueError, match="invalid JSON schema"):
-        validate_params(SamplingParams(json_schema='{"type": "strnig"}'))
+        validate_params(SamplingParams(json_schema='{"type": "strnig"}'), backend.cfg)
 
 
 def test_workers_die_with_their_parent() -> None:
@@ -355,12 +373,13 @@ def test_workers_die_with_their_parent() -> None:
 
     code = (
         "import json, sys, time\n"
+        "from runtime.config import GrammarConfig\n"
         "from runtime.constrained import GrammarBackend\n"
         "vocab = [bytes([b]) for b in range(256)] + [None]\n"
-        "be = GrammarBackend(vocab, frozenset({256}))\n"
-        "while any(w.proc is None for w in be._workers): time.sleep(0.05)\n"
+        "be = GrammarBackend(vocab, frozenset({256}), GrammarConfig(grammar_backend='outlines'))\n"
+        "while len(be._slots) < 2 or any(w.proc is None for w in be._slots): time.sleep(0.05)\n"
         "be.submit('regex', r'\"([^\"\\\\]|\\\\[\"\\\\/bfnrt]){0,60}\"')\n"
-        "print(json.dumps([w.proc.pid for w in be._workers]), flush=True)\n"
+        "print(json.dumps([w.proc.pid for w in be._slots]), flush=True)\n"
         "time.sleep(60)\n"
     )
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

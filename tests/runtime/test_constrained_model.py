@@ -169,7 +169,8 @@ def test_grammar_error_aborts_only_that_request(smollm_runner, tok, backend, mon
 
 def test_runaway_compile_aborts_while_others_stream(smollm_runner, tok) -> None:
     slow = r'"([^"\\]|\\["\\/bfnrt]){0,40}"'  # passes validation; the index build is exponential in the bound
-    with GrammarBackend.from_tokenizer(tok, GrammarConfig(grammar_compile_timeout=2.0), num_workers=1) as be:
+    outlines = GrammarConfig(grammar_backend="outlines", grammar_compile_timeout=2.0)  # the killable compile
+    with GrammarBackend.from_tokenizer(tok, outlines, num_workers=1) as be:
         reqs = {
             "slow": ("A string.", SamplingParams(max_new_tokens=8, temperature=0.0, regex=slow)),
             "ok": ("Name a fruit.", SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)),

@@ -203,8 +203,9 @@ def test_prompt_without_native_tools():
 
 
 @pytest.mark.parametrize("cons, code", [
-    ({"regex": "(a|aa){1,10000}"}, "grammar_too_complex"),
-    ({"json_schema": '{"$ref": "#"}'}, "grammar_too_complex"),
+    ({"regex": "(ab"}, "invalid_value"),
+    ({"json_schema": '{"type": "integer", "not": {"const": 3}}'}, "invalid_value"),
+    ({"json_schema": '{"enum": [' + ",".join(['"' + "x" * 64 + '"'] * 20000) + "]}"}, "grammar_too_complex"),
     ({"json_schema": '{"type": "string", "minLength": 5, "maxLength": 2}'}, "invalid_value"),
     ({"ebnf": "root ::= 'a'"}, "invalid_value"),
 ])

@@ -1,0 +1,161 @@
+"""Grammar backends side by side (issue 20), called from bench/constrained.py --backends:
+
+(1) Compile, per backend, over JSONSchemaBench's 475 MaskBench schemas (tests/data/jsonschemabench): share
+    compiled, share refused, compile time p50/p99 (one compile thread, cold cache, wall per schema).
+(2) Mask time per token at batch 1 and 32: grammars advanced along the valid MaskBench documents, one
+    `apply_grammar_masks` per step over [B, V] logits (the scheduler's call).
+(3) End to end on SmolLM2 through a real server (`/v1/chat/completions`, response_format json_schema, default
+    flags but --grammar-backend): share of requests that return a valid document, share refused (400), and
+    200-and-invalid ("broken") split into cut by max_tokens and wrong.
+(4) 32 concurrent constrained vs unconstrained requests of the same output lengths on the JSON workload:
+    throughput ratio, alternating rounds, medians.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import gzip
+import json
+import os
+import random
+import statistics
+import time
+
+import httpx
+import jsonschema
+import torch
+
+from runtime.config import GrammarConfig
+from runtime.constrained import Grammar, GrammarBackend, GrammarError, apply_grammar_masks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, "tests", "data", "jsonschemabench", "maskbench_subset.json.gz")
+BACKENDS = ("llguidance", "xgrammar", "outlines")
+
+
+def cases() -> list[dict]:
+    with gzip.open(DATA, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def compile_all(tok, name: str, entries: list[dict], timeout: float = 10.0) -> dict:  # noqa: ANN001
+    """(1): one compile thread, so each wall time is one schema's compile."""
+    cfg = GrammarConfig(grammar_backend=name, grammar_compile_timeout=timeout)
+    walls, ok, refused, grammars = [], 0, 0, {}
+    with GrammarBackend.from_tokenizer(tok, cfg, num_workers=1) as be:
+        for e in entries:
+            t = time.perf_counter()
+            g = be.compile_blocking("json_schema", json.dumps(e["schema"]), timeout=timeout + 30)
+            walls.append(time.perf_counter() - t)
+            if isinstance(g, GrammarError):
+                refused += 1
+            else:
+                ok += 1
+                grammars[e["id"]] = g
+        stats = be.stats()
+    return {"n": len(entries), "compiled": ok, "refused": refused, "p50": pct(walls, 0.5), "p99": pct(walls, 0.99),
+            "max": max(walls), "timeouts": stats["timeouts"], "grammars": grammars}
+
+
+def mask_time(tok, grammars: dict[str, Grammar], entries: list[dict], batch: int, steps: int = 40) -> float:  # noqa: ANN001
+    """(2): seconds per token per row of one batched mask, rows at real positions of valid documents."""
+    rows: list[tuple[Grammar, list[int]]] = []
+    for e in entries:
+        g = grammars.get(e["id"])
+        for t in e["tests"]:
+            if g is not None and t["valid"]:
+                text = json.dumps(t["data"], separators=(",", ":"), ensure_ascii=False)
+                ids = tok.encode(text, add_special_tokens=False, allow_special=False)
+                if len(ids) > steps:
+                    rows.append((g, ids))
+    rows = random.Random(0).sample(rows, min(batch, len(rows)))
+    while len(rows) < batch:
+        rows.append(rows[len(rows) % max(1, len(rows))])
+    gs = [g.copy() for g, _ in rows]
+    logits = torch.zeros(batch, tok.vocab_size)
+    total = 0.0
+    for step in range(steps):
+        t = time.perf_counter()
+        apply_grammar_masks(logits, gs)
+        total += time.perf_counter() - t
+        for g, (_, ids) in zip(gs, rows, strict=True):
+            g.accept_token(ids[step])
+    return total / steps / batch
+
+
+# ------------------------------------------------------------ end to end through a real server
+
+
+def _chat(client: httpx.Client, schema: dict, i: int, max_tokens: int, temperature: float) -> dict:
+    body = {"model": "default", "max_tokens": max_tokens, "temperature": temperature, "seed": i,
+            "messages": [{"role": "user", "content": "Produce a JSON document that satisfies this JSON schema:\n"
+                          + json.dumps(schema)[:1500]}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema}}}
+    r = client.post("/v1/chat/completions", json=body)
+    if r.status_code == 400:
+        return {"outcome": "refused", "why": r.json()["error"]["message"][:120]}
+    r.raise_for_status()
+    choice = r.json()["choices"][0]
+    text = choice["message"]["content"] or ""
+    try:
+        value = json.loads(text)
+        jsonschema.validators.validator_for(schema)(schema).validate(value)
+        return {"outcome": "valid", "finish": choice["finish_reason"], "tokens": r.json()["usage"]["completion_tokens"]}
+    except (ValueError, jsonschema.ValidationError) as e:
+        kind = "cut" if choice["finish_reason"] == "length" else "invalid"
+        return {"outcome": kind, "why": str(e)[:160], "text": text[:160], "finish": choice["finish_reason"]}
+
+
+def end_to_end(url: str, entries: list[dict], max_tokens: int, temperature: float, concurrency: int = 32) -> dict:
+    """(3): every schema once, `concurrency` requests in flight."""
+    with httpx.Client(base_url=url, timeout=1800) as client, \
+            concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        t = time.perf_counter()
+        res = list(pool.map(lambda ie: _chat(client, ie[1]["schema"], ie[0], max_tokens, temperature),
+                            enumerate(entries)))
+        wall = time.perf_counter() - t
+    out = {k: sum(r["outcome"] == k for r in res) for k in ("valid", "refused", "cut", "invalid")}
+    out.update(n=len(entries), wall=wall, broken=[r for r in res if r["outcome"] == "invalid"][:5],
+               cut_examples=[r for r in res if r["outcome"] == "cut"][:3])
+    return out
+
+
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 24}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "city": {"type": "string", "maxLength": 24}, "employed": {"type": "boolean"}},
+    "required": ["name", "age", "city", "employed"]}
+
+
+def throughput(url: str, n: int = 32, rounds: int = 3, max_tokens: int = 96) -> dict:
+    """(4): n concurrent PERSON-schema requests vs n unconstrained ones with the same output lengths
+    (ignore_eos), alternating rounds; tok/s medians."""
+    prompts = [f"Invent person number {i} (name, age, city, employed) as JSON." for i in range(n)]
+
+    def one(client: httpx.Client, i: int, constrained: bool, length: int) -> int:
+        body: dict = {"model": "default", "temperature": 0.7, "seed": i,
+                      "messages": [{"role": "user", "content": prompts[i]}]}
+        if constrained:
+            body.update(max_tokens=max_tokens, response_format={"type": "json_schema", "json_schema": {
+                "name": "person", "schema": PERSON}})
+        else:
+            body.update(max_tokens=length, ignore_eos=True)
+        r = client.post("/v1/chat/completions", json=body)
+        r.raise_for_status()
+        return r.json()["usage"]["completion_tokens"]
+
+    cons_tps, free_tps = [], []
+    with httpx.Client(base_url=url, timeout=1800) as client, concurrent.futures.ThreadPoolExecutor(n) as pool:
+        one(client, 0, True, 0)  # compile + warm
+        for _ in range(rounds):
+            t = time.perf_counter()
+            lens = list(pool.map(lambda i: one(client, i, True, 0), range(n)))
+            cons_tps.append(sum(lens) / (time.perf_counter() - t))
+            t = time.perf_counter()
+            got = list(pool.map(lambda i, lens=lens: one(client, i, False, max(1, lens[i])), range(n)))
+            free_tps.append(sum(got) / (time.perf_counter() - t))
+    return {"cons": cons_tps, "free": free_tps, "ratio": statistics.median(free_tps) / statistics.median(cons_tps)}

@@ -1,0 +1,218 @@
+"""The llguidance backend: an Earley parser over a lazily built lexer DFA (guidance-ai/llguidance).
+
+Kinds: json_schema (llguidance's own JSON-schema compiler, strict: an unsupported keyword is an error naming it),
+regex, choices (a regex alternation), ebnf (SGLang's GBNF text, converted to Lark by llguidance), structural_tag
+(SGLang's {"structures": [{"begin", "schema", "end"}], "triggers": [...]}, as llguidance StructTags).
+
+Vocabulary: an `LLTokenizer` built from our own token bytes (GPT-2 byte-level tokens decoded to raw bytes by
+runtime.tokenizer.Tokenizer.token_bytes), special tokens flagged as such (so only a grammar naming them may emit
+them), EOS ids as llguidance's EOS. Its encode callback is our tokenizer's (plain text, no control tokens).
+
+Compile = build the grammar text, construct an `LLMatcher` (drops the GIL) and compute one mask (the lexer's
+first states) on the compile thread; requests get `deep_copy()`s of that matcher. Masks of a batch are filled
+in one call on llguidance's thread pool (`LLExecutor`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import llguidance as llg
+import torch
+
+from runtime.config import GrammarConfig
+from runtime.constrained.grammar import Grammar, GrammarError, VocabInfo
+from runtime.constrained.schema import (
+    GrammarValidationError,
+    bound_runaway_values,
+    choices_regex,
+    parse_schema,
+)
+
+_EXECUTOR: llg.LLExecutor | None = None
+
+
+def _executor() -> llg.LLExecutor:
+    global _EXECUTOR
+    if _EXECUTOR is None:
+        _EXECUTOR = llg.LLExecutor()
+    return _EXECUTOR
+
+
+class _Wrapper:
+    """What llguidance.TokenizerWrapper reads: per-id bytes, EOS/BOS, special ids, and an encode callback."""
+
+    def __init__(self, tokens: Sequence[bytes], eos: int, bos: int | None, special: Sequence[int],
+                 encode: Callable[[str], list[int]]) -> None:
+        self.tokens = list(tokens)
+        self.eos_token_id = eos
+        self.bos_token_id = bos
+        self.special_token_ids = list(special)
+        self._encode = encode
+
+    def __call__(self, s: str | bytes) -> list[int]:
+        return self._encode(s.decode("utf-8", "replace") if isinstance(s, bytes) else s)
+
+
+def build_tokenizer(tokens: Sequence[bytes], special_ids: frozenset[int], eos_ids: frozenset[int],
+                    bos_id: int | None, encode: Callable[[str], list[int]]) -> llg.LLTokenizer:
+    """tokens[i] = the bytes of token i (a special token's text for special ids)."""
+    wrapper = _Wrapper(tokens, min(eos_ids), bos_id, sorted(special_ids | eos_ids), encode)
+    return llg.LLTokenizer(llg.TokenizerWrapper(wrapper), eos_token=sorted(eos_ids))
+
+
+def _json_options(cfg: GrammarConfig) -> dict[str, Any]:
+    ws = cfg.constrained_json_whitespace_pattern
+    if ws is None:
+        return {"whitespace_flexible": False}  # compact JSON: no whitespace between tokens
+    return {"whitespace_flexible": True, "whitespace_pattern": ws}
+
+
+def _structural_tag_grammar(spec: str, cfg: GrammarConfig) -> str:
+    try:
+        st = json.loads(spec)
+        structures, triggers = st["structures"], st["triggers"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise GrammarValidationError(f"structural_tag needs 'structures' and 'triggers': {e}") from None
+    tags = []
+    for s in structures:
+        begin = s.get("begin", "")
+        trig = [t for t in triggers if begin.startswith(t)]
+        if not trig:
+            raise GrammarValidationError(f"structural_tag: no trigger starts begin {begin!r}")
+        schema = bound_runaway_values(s.get("schema", {}))
+        grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=_json_options(cfg))
+        tags.append(llg.StructTag(trigger=trig[0], begin=begin, grammar=json.loads(grammar), end=s.get("end", "")))
+    return llg.StructTag.to_grammar(tags, assume_special=False)
+
+
+def grammar_text(kind: str, spec: str, cfg: GrammarConfig) -> str:
+    """llguidance's grammar text for a (kind, spec) constraint; GrammarValidationError if malformed."""
+    if kind == "json_schema":
+        schema = bound_runaway_values(parse_schema(spec))
+        try:
+            return llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=_json_options(cfg))
+        except ValueError as e:
+            raise GrammarValidationError(f"invalid JSON schema: {e}") from None
+    if kind == "regex":
+        if not spec:
+            raise GrammarValidationError("regex is empty")
+        return llg.LLMatcher.grammar_from_regex(spec)
+    if kind == "choices":
+        return llg.LLMatcher.grammar_from_regex(choices_regex(spec))
+    if kind == "ebnf":
+        from llguidance.gbnf_to_lark import any_to_lark
+
+        try:
+            return llg.LLMatcher.grammar_from_lark(any_to_lark(spec))
+        except Exception as e:  # the converter's own parse errors (GbnfToLarkError, ValueError)
+            raise GrammarValidationError(f"invalid ebnf grammar: {e}") from None
+    if kind == "structural_tag":
+        return _structural_tag_grammar(spec, cfg)
+    raise GrammarValidationError(f"unknown constraint kind {kind!r}")
+
+
+def _error(kind: str, msg: str) -> GrammarValidationError:
+    low = msg.lower()
+    code = "grammar_too_complex" if "too" in low and ("large" in low or "complex" in low) else "invalid_value"
+    return GrammarValidationError(f"{kind} is not supported by the llguidance backend: {msg.strip()[:400]}", code)
+
+
+def validate(kind: str, spec: str, cfg: GrammarConfig) -> None:
+    """Server-process check without a vocabulary: grammar construction and llguidance's own validation."""
+    text = grammar_text(kind, spec, cfg)
+    err = llg.LLMatcher.validate_grammar(text, None)
+    if err:
+        raise _error(kind, err)
+
+
+class LLGuidanceCompiled:
+    """One compiled constraint: a matcher at the initial state (never advanced; requests deep-copy it)."""
+
+    def __init__(self, matcher: llg.LLMatcher, eos_ids: frozenset[int], vocab_size: int) -> None:
+        self.matcher = matcher
+        self.eos_ids = eos_ids
+        self.vocab_size = vocab_size
+
+    def new_state(self) -> LLGuidanceGrammar:
+        return LLGuidanceGrammar(self)
+
+
+def compile_grammar(tokenizer: llg.LLTokenizer, kind: str, spec: str, cfg: GrammarConfig,
+                    eos_ids: frozenset[int]) -> LLGuidanceCompiled:
+    text = grammar_text(kind, spec, cfg)
+    m = llg.LLMatcher(tokenizer, text, log_level=0)
+    if not m.is_error():
+        m.compute_bitmask()  # builds the lexer's first states here, not on the scheduler's first mask
+    if m.is_error():
+        raise _error(kind, m.get_error())
+    return LLGuidanceCompiled(m, eos_ids, tokenizer.vocab_size)
+
+
+class LLGuidanceGrammar(Grammar):
+    def __init__(self, compiled: LLGuidanceCompiled) -> None:
+        super().__init__(compiled.eos_ids, compiled.vocab_size)
+        self.compiled = compiled
+        self.matcher = compiled.matcher.deep_copy()
+
+    def copy(self) -> LLGuidanceGrammar:
+        return LLGuidanceGrammar(self.compiled)
+
+    def _consume(self, token_id: int) -> bool:
+        # try_consume_tokens leaves the matcher usable on a rejected token (consume_token would poison it).
+        return self.matcher.try_consume_tokens([token_id]) == 1
+
+    def _backtrack(self, n: int) -> None:
+        if not self.matcher.rollback(n):
+            raise RuntimeError(f"llguidance rollback failed: {self.matcher.get_error()}")
+
+    def is_accepting(self) -> bool:
+        return self.matcher.is_accepting()
+
+    def _only_eos_next(self) -> bool:
+        return self.matcher.is_stopped() and not self.matcher.is_error()
+
+    def _forced_bytes(self) -> bytes:
+        return self.matcher.compute_ff_bytes()
+
+    def _write_row(self, row: torch.Tensor) -> None:
+        self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
+
+    @classmethod
+    def fill_bitmasks(cls, grammars: Sequence[Grammar], bitmask: torch.Tensor) -> None:
+        """All rows in one call on llguidance's thread pool."""
+        pairs = [(g.matcher, k) for k, g in enumerate(grammars)]  # type: ignore[attr-defined]
+        _executor().unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0])
+
+
+class LLGuidanceEngine:
+    """Compiles on the backend's compile threads (no subprocess: llguidance bounds its own work with parser and
+    lexer fuel limits, and a grammar past them is an error naming the limit)."""
+
+    name = "llguidance"
+    kinds = ("regex", "json_schema", "choices", "ebnf", "structural_tag")
+
+    def __init__(self, vocab: VocabInfo, cfg: GrammarConfig) -> None:
+        self.cfg = cfg
+        self.eos_ids = vocab.eos_ids
+        tokens = [vocab.special.get(i, b"") if b is None else b for i, b in enumerate(vocab.tokens)]
+        special = frozenset(i for i, b in enumerate(vocab.tokens) if b is None)
+        encode = vocab.encode or (lambda s: [])
+        self.tokenizer = build_tokenizer(tokens, special, vocab.eos_ids, vocab.bos_id, encode)
+
+    def validate(self, kind: str, spec: str) -> None:
+        validate(kind, spec, self.cfg)
+
+    def new_slot(self) -> None:
+        return None
+
+    def close_slot(self, slot: None) -> None:
+        pass
+
+    def compile(self, slot: None, kind: str, spec: str) -> tuple[LLGuidanceCompiled | GrammarError, int, str]:
+        try:
+            return compile_grammar(self.tokenizer, kind, spec, self.cfg, self.eos_ids), 0, "compiled"
+        except GrammarValidationError as e:
+            return GrammarError(str(e), e.code), 0, "failed"
