@@ -8,8 +8,12 @@
     scheduler's internal state, wall time), plus a replay of the model's outputs through `plan_jump_forward`
     with boundary re-tokenization (the ceiling).
 (c) Compile time p50/p99 over the 30 test schemas (fresh backend, real worker processes), and the cache-hit path.
+--backends: llguidance / xgrammar / outlines side by side on JSONSchemaBench schemas (bench/constrained_backends.py):
+    compile share and p50/p99, mask time per token at batch 1 and 32, end-to-end valid / refused / broken shares
+    through a real server, constrained vs unconstrained throughput at 32 concurrent.
 
     .venv/bin/python -m bench.constrained [--out bench/results/constrained.md] [--skip-engine]
+    .venv/bin/python -m bench.constrained --backends [--port 32000] [--e2e-n 160] [--append FILE]
 """
 
 from __future__ import annotations
@@ -241,7 +245,25 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--validity", action="store_true", help="only the 30 schemas / 20 regexes on SmolLM2")
+    ap.add_argument("--backends", action="store_true", help="grammar backends side by side on JSONSchemaBench")
+    ap.add_argument("--which", default="llguidance,xgrammar,outlines")
+    ap.add_argument("--port", type=int, default=32000)
+    ap.add_argument("--e2e-n", type=int, default=160)
+    ap.add_argument("--max-tokens", type=int, default=384)
+    ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--skip-server", action="store_true")
+    ap.add_argument("--append", default=None, help="append the --backends section to this file")
     args = ap.parse_args()
+    if args.backends:
+        from bench.constrained_backends import run
+
+        lines = run(load_tokenizer(model_path()), args.port, args.e2e_n, args.max_tokens, args.temperature,
+                    tuple(args.which.split(",")), args.skip_server)
+        print("\n".join(lines))
+        if args.append:
+            with open(args.append, "a") as f:
+                f.write("\n" + "\n".join(lines) + "\n")
+        return
     if args.validity:
         v = bench_model_validity()
         text = "\n".join([

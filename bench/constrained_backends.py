@@ -159,3 +159,93 @@ def throughput(url: str, n: int = 32, rounds: int = 3, max_tokens: int = 96) -> 
             got = list(pool.map(lambda i, lens=lens: one(client, i, False, max(1, lens[i])), range(n)))
             free_tps.append(sum(got) / (time.perf_counter() - t))
     return {"cons": cons_tps, "free": free_tps, "ratio": statistics.median(free_tps) / statistics.median(cons_tps)}
+
+
+# ------------------------------------------------------------ driver
+
+
+class Server:
+    """`python -m server serve` on 127.0.0.1:port with extra flags; stopped by its pid."""
+
+    def __init__(self, port: int, *flags: str) -> None:
+        import subprocess
+        import sys
+
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = open(f"/tmp/radixgen-bench-constrained-{port}.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen([sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port",
+                                      str(port), "--log-level", "warning", *flags], cwd=ROOT, stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited {self.proc.returncode}; see {self.log.name}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise RuntimeError("server did not become ready")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except Exception:  # noqa: BLE001
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def run(tok, port: int, e2e_n: int, max_tokens: int, temperature: float, backends: tuple[str, ...],  # noqa: ANN001
+        skip_server: bool) -> list[str]:
+    entries = cases()
+    e2e = random.Random(7).sample(entries, min(e2e_n, len(entries)))
+    lines = ["## Grammar backends side by side (bench/constrained_backends.py)", "",
+             f"Machine: shared 2-core CPU (load average {os.getloadavg()[0]:.1f} at start), SmolLM2-135M; "
+             f"data: JSONSchemaBench MaskBench subset ({len(entries)} schemas).", "",
+             "| backend | compiled | refused | compile p50 | compile p99 | mask/token/row B=1 | B=32 |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    e2e_rows, tp_rows = [], []
+    for name in backends:
+        c = compile_all(tok, name, entries)
+        m1 = mask_time(tok, c["grammars"], entries, 1)
+        m32 = mask_time(tok, c["grammars"], entries, 32)
+        lines.append(f"| {name} | {c['compiled']}/{c['n']} ({c['compiled'] / c['n']:.0%}) | {c['refused']} | "
+                     f"{c['p50'] * 1e3:.1f} ms | {c['p99'] * 1e3:.0f} ms | {m1 * 1e6:.0f} us | {m32 * 1e6:.0f} us |")
+        print(lines[-1], flush=True)
+        if skip_server:
+            continue
+        srv = Server(port, "--grammar-backend", name, "--max-total-tokens", "32768")
+        try:
+            r = end_to_end(srv.url, e2e, max_tokens, temperature)
+            e2e_rows.append((name, r, sum(1 for e in e2e if e["id"] in c["grammars"])))
+            print(name, {k: r[k] for k in ("valid", "refused", "cut", "invalid", "wall")}, flush=True)
+            if name == backends[0]:
+                tp_rows.append(throughput(srv.url))
+        finally:
+            srv.stop()
+    lines.append("")
+    if e2e_rows:
+        lines += [f"End to end: {len(e2e)} schemas (seeded sample), `/v1/chat/completions` with response_format "
+                  f"json_schema, max_tokens {max_tokens}, temperature {temperature}, 32 in flight:", "",
+                  "| backend | valid 200 | refused 400 | cut by max_tokens | 200 and invalid | compiled (same schemas) |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for name, r, comp in e2e_rows:
+            n = r["n"]
+            lines.append(f"| {name} | {r['valid']}/{n} ({r['valid'] / n:.0%}) | {r['refused']} | {r['cut']} | "
+                         f"**{r['invalid']}** | {comp}/{n} ({comp / n:.0%}) |")
+        lines.append("")
+        for name, r, _ in e2e_rows:
+            if r["invalid"]:
+                lines.append(f"- {name} 200-and-invalid examples: {r['broken']}")
+            if r["cut"]:
+                lines.append(f"- {name} cut examples: {[x['text'][:80] for x in r['cut_examples']]}")
+        lines.append("")
+    for t in tp_rows:
+        lines += [f"32 concurrent PERSON-schema requests vs 32 unconstrained of the same lengths ({backends[0]}, "
+                  f"alternating rounds): constrained tok/s {[round(x, 1) for x in t['cons']]}, unconstrained "
+                  f"{[round(x, 1) for x in t['free']]}; **overhead ratio (median unconstrained / median "
+                  f"constrained) {t['ratio']:.2f}x**", ""]
+    return lines

@@ -1,8 +1,8 @@
 """The llguidance backend: an Earley parser over a lazily built lexer DFA (guidance-ai/llguidance).
 
 Kinds: json_schema (llguidance's own JSON-schema compiler, strict: an unsupported keyword is an error naming it),
-regex, choices (a regex alternation), ebnf (SGLang's GBNF text, converted to Lark by llguidance), structural_tag
-(SGLang's {"structures": [{"begin", "schema", "end"}], "triggers": [...]}, as llguidance StructTags).
+regex, choices (a regex alternation), ebnf (SGLang's GBNF text, converted to Lark by llguidance). Not
+structural_tag (a 400 says so; the xgrammar backend has it).
 
 Vocabulary: an `LLTokenizer` built from our own token bytes (GPT-2 byte-level tokens decoded to raw bytes by
 runtime.tokenizer.Tokenizer.token_bytes), special tokens flagged as such (so only a grammar naming them may emit
@@ -70,28 +70,10 @@ def _json_options(cfg: GrammarConfig) -> dict[str, Any]:
     return {"whitespace_flexible": True, "whitespace_pattern": ws}
 
 
-def _structural_tag_grammar(spec: str, cfg: GrammarConfig) -> str:
-    try:
-        st = json.loads(spec)
-        structures, triggers = st["structures"], st["triggers"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise GrammarValidationError(f"structural_tag needs 'structures' and 'triggers': {e}") from None
-    tags = []
-    for s in structures:
-        begin = s.get("begin", "")
-        trig = [t for t in triggers if begin.startswith(t)]
-        if not trig:
-            raise GrammarValidationError(f"structural_tag: no trigger starts begin {begin!r}")
-        schema = bound_runaway_values(s.get("schema", {}))
-        grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=_json_options(cfg))
-        tags.append(llg.StructTag(trigger=trig[0], begin=begin, grammar=json.loads(grammar), end=s.get("end", "")))
-    return llg.StructTag.to_grammar(tags, assume_special=False)
-
-
 def grammar_text(kind: str, spec: str, cfg: GrammarConfig) -> str:
     """llguidance's grammar text for a (kind, spec) constraint; GrammarValidationError if malformed."""
     if kind == "json_schema":
-        schema = bound_runaway_values(parse_schema(spec))
+        schema = bound_runaway_values(parse_schema(spec), closed_objects=not cfg.json_allow_extra_properties)
         try:
             return llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=_json_options(cfg))
         except ValueError as e:
@@ -110,7 +92,10 @@ def grammar_text(kind: str, spec: str, cfg: GrammarConfig) -> str:
         except Exception as e:  # the converter's own parse errors (GbnfToLarkError, ValueError)
             raise GrammarValidationError(f"invalid ebnf grammar: {e}") from None
     if kind == "structural_tag":
-        return _structural_tag_grammar(spec, cfg)
+        # llguidance's StructTag grammar lets the trigger text pass as free text (measured), so the tag's
+        # schema would not be enforced: refuse rather than constrain wrongly.
+        raise GrammarValidationError("structural_tag is not supported by the llguidance grammar backend (its "
+                                     "tags do not force the schema after a trigger); use --grammar-backend xgrammar")
     raise GrammarValidationError(f"unknown constraint kind {kind!r}")
 
 
@@ -192,7 +177,7 @@ class LLGuidanceEngine:
     lexer fuel limits, and a grammar past them is an error naming the limit)."""
 
     name = "llguidance"
-    kinds = ("regex", "json_schema", "choices", "ebnf", "structural_tag")
+    kinds = ("regex", "json_schema", "choices", "ebnf")
 
     def __init__(self, vocab: VocabInfo, cfg: GrammarConfig) -> None:
         self.cfg = cfg

@@ -534,15 +534,24 @@ FORMAT_MAX_LENGTH = {"email": 254, "idn-email": 254, "hostname": 253, "idn-hostn
                      "uri-reference": 2048, "iri": 2048, "iri-reference": 2048}
 
 
-def bound_runaway_values(schema: dict | bool, enabled: bool = True, formats: bool = True) -> dict | bool:
+def bound_runaway_values(schema: dict | bool, enabled: bool = True, formats: bool = True,
+                         closed_objects: bool = False) -> dict | bool:
     """Give every integer without a bound the I-JSON range [-(2^53-1), 2^53-1] (at most 16 digits), and every
     string format with a standard length limit that limit as maxLength, so a sampled value cannot run on for
-    the whole token budget. Values these bounds cut off are ones no consumer accepts. In place."""
+    the whole token budget. Values these bounds cut off are ones no consumer accepts. closed_objects: an object
+    listing `properties` without additionalProperties/patternProperties gets `additionalProperties: false`
+    (not inside or beside an allOf, where branches share keys). In place."""
     if not enabled or not isinstance(schema, dict):
         return schema
     stack = [schema]
+    in_all_of: set[int] = set()  # ids of subschemas that are allOf branches
     while stack:
         s = stack.pop()
+        if isinstance(s.get("allOf"), list):
+            in_all_of.update(id(x) for x in s["allOf"])
+        if (closed_objects and isinstance(s.get("properties"), dict) and id(s) not in in_all_of and "allOf" not in s
+                and not any(k in s for k in ("additionalProperties", "patternProperties", "unevaluatedProperties"))):
+            s["additionalProperties"] = False
         t = s.get("type")
         if t == "integer" or (isinstance(t, list) and "integer" in t and "number" not in t):
             if "minimum" not in s and "exclusiveMinimum" not in s:

@@ -54,12 +54,32 @@ def build_tokenizer_info(tokens: Sequence[bytes | None], eos_ids: frozenset[int]
     return xgr.TokenizerInfo(enc, xgr.VocabType.RAW, vocab_size=len(enc), stop_token_ids=sorted(eos_ids))
 
 
+def _json_type_ok(v: object, t: str) -> bool:
+    if t == "integer":
+        return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer())
+    if t == "number":
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    kinds = {"string": str, "boolean": bool, "object": dict, "array": list}
+    return v is None if t == "null" else isinstance(v, kinds.get(t, ()))
+
+
 def _refuse_combinations(schema: dict | bool) -> None:
+    """In place: enum/const values of the wrong `type` dropped (xgrammar enforces only the enum there); raises
+    GrammarValidationError for combinations xgrammar would not enforce."""
     if not isinstance(schema, dict):
         return
     stack: list[dict] = [schema]
     while stack:
         s = stack.pop()
+        t = s.get("type")
+        types = [t] if isinstance(t, str) else t if isinstance(t, list) else None
+        if types is not None and ("enum" in s or "const" in s):
+            values = s["enum"] if "enum" in s else [s["const"]]
+            keep = [v for v in values if any(_json_type_ok(v, x) for x in types)]
+            if not keep:
+                raise GrammarValidationError(f"unsatisfiable JSON schema: no enum/const value has type {t!r}")
+            s.pop("const", None)
+            s["enum"] = keep
         if "format" in s and "pattern" in s:
             raise GrammarValidationError("unsupported JSON schema: 'pattern' together with 'format' (the xgrammar "
                                          "grammar backend enforces only the format)")
@@ -73,11 +93,12 @@ def _refuse_combinations(schema: dict | bool) -> None:
         stack.extend(_subschemas(s))
 
 
-def _check_schema(spec: str) -> dict | bool:
+def _check_schema(spec: str, cfg: GrammarConfig) -> dict | bool:
     schema = parse_schema(spec)
     check_keywords(schema, XGRAMMAR_KEYWORDS, XGRAMMAR_FORMATS, "xgrammar", lengths_with_patterns=False)
     _refuse_combinations(schema)
-    return bound_runaway_values(schema, formats=False)  # xgrammar ignores maxLength next to a format
+    # formats=False: xgrammar ignores a maxLength next to a format
+    return bound_runaway_values(schema, formats=False, closed_objects=not cfg.json_allow_extra_properties)
 
 
 def _json_kwargs(cfg: GrammarConfig) -> dict:
@@ -89,7 +110,7 @@ def _json_kwargs(cfg: GrammarConfig) -> dict:
 def _grammar(kind: str, spec: str, cfg: GrammarConfig) -> xgr.Grammar:
     try:
         if kind == "json_schema":
-            return xgr.Grammar.from_json_schema(json.dumps(_check_schema(spec)), strict_mode=False, **_json_kwargs(cfg))
+            return xgr.Grammar.from_json_schema(json.dumps(_check_schema(spec, cfg)), strict_mode=False, **_json_kwargs(cfg))
         if kind == "regex":
             if not spec:
                 raise GrammarValidationError("regex is empty")
@@ -111,7 +132,7 @@ def _grammar(kind: str, spec: str, cfg: GrammarConfig) -> xgr.Grammar:
 def _structural_tag(spec: str, cfg: GrammarConfig) -> xgr.Grammar:
     try:
         st = json.loads(spec)
-        items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(_check_schema(json.dumps(s["schema"]))),
+        items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(_check_schema(json.dumps(s["schema"]), cfg)),
                                        end=s["end"]) for s in st["structures"]]
         triggers = list(st["triggers"])
     except (json.JSONDecodeError, KeyError, TypeError) as e:

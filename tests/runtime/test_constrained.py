@@ -429,3 +429,34 @@ def test_grammar_finish_keeps_the_last_content_token(backend, tok) -> None:
             check_finished(req, eos, tok.decode)
         assert req.finish_reason["type"] == "stop"
         assert req.finish_reason["matched"] == (ids[-1] if with_eos else None)
+
+
+def test_structural_tag_constrains_only_inside_the_tag(backend, tok) -> None:
+    """SGLang's structural_tag: free text, and inside begin..end the schema holds (xgrammar; the others refuse)."""
+    spec = json.dumps({"structures": [{"begin": "<call>", "schema": {
+        "type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"]},
+        "end": "</call>"}], "triggers": ["<call>"]})
+    g = backend.compile_blocking("structural_tag", spec)
+    if backend.name != "xgrammar":
+        assert isinstance(g, GrammarError) and "structural_tag" in g.message
+        return
+    assert isinstance(g, Grammar), g
+
+    def ok(text: str) -> bool:
+        ids = tok.encode(text, add_special_tokens=False, allow_special=False)
+        return g.copy().can_accept(ids)
+
+    assert ok('Sure. <call>{"n":3}</call> done')
+    assert not ok('Sure. <call>{"n":"x"}')
+    assert not ok('<call>{"n":12}')
+
+
+def test_objects_with_listed_properties_are_closed_by_default(backend, tok) -> None:
+    """json_allow_extra_properties off (default): no unlisted keys, so a small model cannot run on adding keys."""
+    spec = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    extra = tok.encode('{"a":1,"b":2}', add_special_tokens=False)
+    assert not backend.compile_blocking("json_schema", spec).can_accept(extra)
+    if backend.name != "outlines":  # outlines-core always closes objects
+        cfg = GrammarConfig(grammar_backend=backend.name, json_allow_extra_properties=True)
+        with GrammarBackend.from_tokenizer(tok, cfg, num_workers=1) as open_be:
+            assert open_be.compile_blocking("json_schema", spec).can_accept(extra)

@@ -107,7 +107,7 @@ def test_json_schema_outputs_all_validate(client):
         except (ValueError, jsonschema.ValidationError) as e:
             bad.append((schema, text, r.choices[0].finish_reason, str(e)[:100]))
         else:
-            assert r.choices[0].finish_reason == "stop"
+            assert r.choices[0].finish_reason == "stop", (schema, text, r.choices[0].finish_reason)
     assert not bad, bad
 
 
