@@ -238,11 +238,14 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab: int, allowed: bool = True) -> t
 
 def _fill_rows(grammars: Sequence[Grammar], bitmask: torch.Tensor) -> None:
     """bitmask: int32 [len(grammars), W] (zeroed by this function). Rows are filled per backend class with its
-    batched API, then EOS bits are fixed up (set iff accepting, only EOS after termination)."""
+    batched API, then EOS bits are fixed up (set iff accepting, only EOS after termination). An object that is
+    not a `Grammar` but has the seam's `write_bitmask(row)` (the scheduler's test doubles) fills its own row."""
     bitmask.zero_()
     groups: dict[type, list[int]] = {}
     for k, g in enumerate(grammars):
-        if not g._eos_accepted:
+        if not isinstance(g, Grammar):
+            g.write_bitmask(bitmask[k])
+        elif not g._eos_accepted:
             groups.setdefault(type(g), []).append(k)
     for cls, ks in groups.items():
         words = (grammars[ks[0]].vocab_size + 31) // 32
@@ -255,6 +258,8 @@ def _fill_rows(grammars: Sequence[Grammar], bitmask: torch.Tensor) -> None:
             cls.fill_bitmasks([grammars[k] for k in ks], part)
             bitmask[torch.tensor(ks), :words] = part
     for k, g in enumerate(grammars):
+        if not isinstance(g, Grammar):
+            continue
         accepting = g._eos_accepted or g.is_accepting()
         if g._eos_accepted:
             bitmask[k].zero_()

@@ -530,6 +530,7 @@ def _normalize_draft(s: dict, ref_overrides: bool) -> dict:
 
 # Longest valid value of a string format (RFC 5321 section 4.5.3.1: a 254-byte address path; RFC 1035: 253-byte
 # host names; URIs past 2,000 characters are refused by common servers and browsers).
+EMAIL_PARTS = "^[^@]{1,64}@[^@]{1,253}$"
 FORMAT_MAX_LENGTH = {"email": 254, "idn-email": 254, "hostname": 253, "idn-hostname": 253, "uri": 2048,
                      "uri-reference": 2048, "iri": 2048, "iri-reference": 2048}
 
@@ -561,6 +562,8 @@ def bound_runaway_values(schema: dict | bool, enabled: bool = True, formats: boo
         limit = FORMAT_MAX_LENGTH.get(s.get("format")) if isinstance(s.get("format"), str) else None
         if formats and limit is not None and not isinstance(s.get("maxLength"), int):
             s["maxLength"] = limit
+        if formats and s.get("format") in ("email", "idn-email") and "pattern" not in s:
+            s["pattern"] = EMAIL_PARTS  # RFC 5321: a local part of at most 64 octets
         stack.extend(_subschemas(s))
     return schema
 
