@@ -173,7 +173,7 @@ def test_bad_inputs_fail_loud() -> None:
 
 def test_smollm_greedy_equals_torch_backend(smollm_runner) -> None:
     """float32 SmolLM2: greedy continuations through the native backend equal the torch backend's."""
-    from kernels.api import create_attn_backend
+    from kernels import create_attn_backend
     from runtime.executor.greedy import greedy_generate
 
     runner = smollm_runner
@@ -191,7 +191,7 @@ def test_smollm_greedy_equals_torch_backend(smollm_runner) -> None:
 
 def test_auto_falls_back_to_torch_when_the_build_fails(monkeypatch, caplog) -> None:
     """Auto-selected: a toolchain failure costs one warning and the torch backend; asked for by name: it raises."""
-    from kernels.api import create_attn_backend
+    from kernels import create_attn_backend
     from kernels.cpu import build
     from kernels.torch_backend import TorchAttnBackend
 

@@ -173,8 +173,10 @@ def test_seeds_reproduce_whatever_the_batch(smollm_runner, tok):
 
 def test_shared_prefix_cascade_decode_equals_uncached(smollm_runner, tok, monkeypatch):
     """Requests that hit one cached ~400-token prefix share its KV slots, so their decode batches take the
-    cascade path (prefix read once for the batch); greedy outputs equal a radix-off run (no shared slots)."""
+    shared-prefix path of the runner's backend (prefix read once for the batch: the native cpu backend's
+    shared_len, the torch backend's cascade); greedy outputs equal a radix-off run (no shared slots)."""
     import kernels.torch_backend as tb
+    from kernels.cpu.backend import CpuAttnBackend
 
     doc = " ".join(f"Depot {i} holds {7 * i + 3} crates of copper wire, checked by Mara." for i in range(24))
     prompts = {f"r{i}": chat(tok, q, system=doc) for i, q in enumerate(["How many crates in depot 3?",
@@ -182,10 +184,22 @@ def test_shared_prefix_cascade_decode_equals_uncached(smollm_runner, tok, monkey
                                                                         "What is stored in depot 5?"])}
     plain, _ = generate(smollm_runner, tok, prompts, max_new=12, disable_radix_cache=True)
     calls = []
-    real = tb.cascade_decode_attention
-    monkeypatch.setattr(tb, "cascade_decode_attention", lambda *a: calls.append(1) or real(*a))
+    attn = smollm_runner.attn
+    if isinstance(attn, CpuAttnBackend):
+        real_plan = attn._plan_decode
+
+        def plan(m):
+            part = real_plan(m)
+            if part.shared_len > 0 and m.batch_size > 1:
+                calls.append(part.shared_len)
+            return part
+
+        monkeypatch.setattr(attn, "_plan_decode", plan)
+    else:
+        real = tb.cascade_decode_attention
+        monkeypatch.setattr(tb, "cascade_decode_attention", lambda *a: calls.append(1) or real(*a))
     cached, _ = generate(smollm_runner, tok, prompts, max_new=12, waves=[["r0"], ["r1", "r2"]])
-    assert calls, "the cascade path was not taken"
+    assert calls, "the shared-prefix path was not taken"
     assert cached == plain
 
 
