@@ -8,7 +8,7 @@ variable event is released so no reader hangs (reading a variable that was never
 
 Invariants: `text_` only grows while the worker runs; a node's output events exist before the node is
 queued (so readers never miss them); `queue.join()` (sync) returns once every submitted node is done
-or skipped.
+or skipped. Just over the 400-line soft cap: one interpreter loop with a handler per IR node.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ Scheduler use (non-blocking):
     on abort: fut.cancel()
 Fail loud: `require_backend(name)` raises BackendUnavailable (one line: the package and its install command)
 when the configured engine cannot be imported; `create_grammar_backend` calls it, so start-up stops there.
+
+Just over the 400-line soft cap: the three engines' adapters share the compile pool, cache and timeout here.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ Limits (measured on SmolLM2's 49k vocabulary: `[a-z]{1,1000}` 1.4 s / 66 MB, `[a
 - `$ref` only local (`#...`) and never recursive; keywords outlines would silently ignore (multipleOf,
   uniqueItems, not, if/then/else, ...) are refused, so every output really validates.
 Errors are `GrammarValidationError` (a ValueError) with `code` "invalid_value" or "grammar_too_complex".
+
+Over the 400-line soft cap: one recursive translator over the JSON Schema keywords; splitting it by keyword
+would scatter one recursion over several files.
 """
 
 from __future__ import annotations

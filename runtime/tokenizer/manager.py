@@ -11,6 +11,7 @@ A request is removed from `_states` when its finish arrives. A consumer that goe
 cancelled task) aborts its unfinished rids at once; their states stay, marked aborted, until the
 scheduler confirms with an abort finish (late outputs are dropped knowingly), or a timeout sweeps them.
 All methods run on the loop thread (ZMQ sockets are not thread-safe).
+Just over the 400-line soft cap: the per-rid state machine reads best in one place.
 """
 
 from __future__ import annotations
