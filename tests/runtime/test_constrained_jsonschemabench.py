@@ -105,9 +105,9 @@ def run_backend(name: str, tok, entries: list[dict]) -> Tally:  # noqa: ANN001
 
 @pytest.fixture(scope="module")
 def tok(smollm_path):
-    from runtime.tokenizer.tokenizer import Tokenizer
+    from runtime.tokenizer.load import load_tokenizer
 
-    return Tokenizer.from_gguf(smollm_path)
+    return load_tokenizer(smollm_path)
 
 
 @pytest.mark.parametrize("name", ["llguidance", "xgrammar", "outlines"])
