@@ -21,8 +21,16 @@ class ModelConfig:
     served_model_name: str | None = None
     """Model name reported by the API (default: derived from the model path)."""
     dtype: str = "auto"
-    """Weights and activations dtype: auto, float32 or bfloat16 (auto: bfloat16 on CUDA and on CPUs with native
-    bf16, avx512_bf16 or amx_bf16 in /proc/cpuinfo; float32 on other CPUs)."""
+    """Weights and activations dtype: auto, float32 or bfloat16 (auto: bfloat16 on CUDA, on CPUs with native
+    bf16, avx512_bf16 or amx_bf16 in /proc/cpuinfo, and for quantized weights on CPU; float32 otherwise)."""
+    quantization: str = "auto"
+    """Weight quantization: auto, none, int8, int4 or fp8 (weight-only; norms, biases and the embedding stay
+    float, the lm_head is int8, fp8 under fp8). auto: a GGUF on CPU keeps its Q4_0/Q4_1/Q4_K linears as int4 and
+    Q8_0 as int8, same codes, other tensor types dense; none for safetensors, on CUDA and when --dtype float32
+    is given. int4/int8 also quantize float weights on load (round-to-nearest; int4 per group, int8 per output
+    channel); fp8 (e4m3 per channel) needs CUDA."""
+    quantization_group_size: int = 32
+    """Inputs per scale for round-to-nearest int4 on load: 32, 64, 128 or 256 (GGUF Q4 blocks are always 32)."""
     device: str = "auto"
     """Device to run on: auto, cpu or cuda."""
     context_length: int | None = None
@@ -190,8 +198,9 @@ def resolve(cfg: Config) -> Config:
         import torch
 
         model = dataclasses.replace(model, device="cuda" if torch.cuda.is_available() else "cpu")
+    model = dataclasses.replace(model, quantization=_resolve_quantization(model))
     if model.dtype == "auto":
-        bf16 = model.device == "cuda" or cpu_has_native_bf16()
+        bf16 = model.device == "cuda" or cpu_has_native_bf16() or model.quantization != "none"
         model = dataclasses.replace(model, dtype="bfloat16" if bf16 else "float32")
     if model.attention_backend == "auto" and model.device == "cuda":  # CPU auto: kernels.create_attn_backend
         import importlib.util
@@ -209,3 +218,22 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+QUANTIZATION_MODES = ("auto", "none", "int8", "int4", "fp8")
+
+
+def _resolve_quantization(model: ModelConfig) -> str:
+    """auto -> auto (keep a GGUF's own quantized blocks, on CPU) or none; explicit modes validated."""
+    q = model.quantization
+    if q not in QUANTIZATION_MODES:
+        raise ValueError(f"unknown --quantization {q!r} (one of {', '.join(QUANTIZATION_MODES)})")
+    if model.quantization_group_size not in (32, 64, 128, 256):
+        raise ValueError(f"--quantization-group-size must be 32, 64, 128 or 256, got {model.quantization_group_size}")
+    if q == "fp8" and model.device != "cuda":
+        raise ValueError("--quantization fp8 needs CUDA (Triton dequant-matmul); use int8 or int4 on CPU")
+    if q == "auto":
+        is_gguf = model.model_path is None or model.model_path.endswith(".gguf")  # default model: a GGUF
+        exact = model.dtype in ("float32", "float64", "float16")
+        return "auto" if is_gguf and model.device == "cpu" and not exact else "none"
+    return q

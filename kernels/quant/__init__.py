@@ -1,8 +1,9 @@
 """Weight-only quantization: GGUF blocks kept quantized, round-to-nearest on load, and the kernels that run them.
 
-Data flow: the loader hands each linear weight here once, either as GGUF block bytes (`from_gguf`) or as a float
-tensor to quantize (`quantize`); what comes back is a QuantWeight module in the device's kernel layout, which
-the model calls through `linear(x, w)` exactly like a dense weight. Modules:
+Data flow: the loader hands each linear weight here once, either as GGUF blocks (`from_gguf`) or as a float tensor to
+quantize (`quantize`); `to_kernel` turns that into a QuantWeight module in the device's kernel layout, which
+the model calls through `linear(x, w)` exactly like a dense weight. In between, a weight travels as a QTensor
+(codes + float32 group scales on the host), which can be fused along rows (QKV, gate/up) before packing. Modules:
   gguf_blocks  GGUF Q4_0 / Q4_1 / Q8_0 / Q4_K bytes <-> codes + block parameters (exact both ways)
   rtn          round-to-nearest int4 / int8 / fp8 with group scales, and the float32 references
   weights      Int4Weight / Int8Weight / Fp8Weight (CPU torch ops, CUDA Triton) and `linear`
@@ -11,8 +12,11 @@ the model calls through `linear(x, w)` exactly like a dense weight. Modules:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kernels.quant import gguf_blocks, rtn
@@ -21,51 +25,114 @@ from kernels.quant.weights import Fp8Weight, Int4Weight, Int8Weight, QuantWeight
 MODES = ("none", "int8", "int4", "fp8")
 
 __all__ = [
-    "MODES", "Fp8Weight", "Int4Weight", "Int8Weight", "QuantEmbedding", "QuantWeight",
-    "from_gguf", "linear", "quantize", "weight_nbytes",
+    "MODES", "Fp8Weight", "Int4Weight", "Int8Weight", "QTensor", "QuantEmbedding", "QuantWeight",
+    "cat_rows", "embedding", "from_gguf", "linear", "quantize", "to_kernel", "weight_nbytes",
 ]
 
 
-def quantize(w: torch.Tensor, mode: str, group: int, device: torch.device | str) -> QuantWeight:
+@dataclass
+class QTensor:
+    """A quantized weight on the host in its logical form, before packing for a kernel.
+    int4: codes uint8 [N, K] 0..15, value = (q - 8) * scale + zero; int8 / fp8: value = q * scale.
+    scale, zero: float32 [N, K / G]. `origin` says where it came from ("Q4_1", "Q8_0", "rtn", ...)."""
+
+    kind: str  # "int4" | "int8" | "fp8"
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor | None = None
+    origin: str = "rtn"
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    @property
+    def group(self) -> int:
+        return self.codes.shape[1] // self.scale.shape[1]
+
+    def permute_rows(self, fn) -> QTensor:
+        """Apply one row permutation `fn` (numpy [N, ...] -> [N, ...]) to codes and scales alike."""
+        def f(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None:
+                return None
+            if t.dtype == torch.float8_e4m3fn:
+                return torch.from_numpy(fn(t.view(torch.uint8).numpy()).copy()).view(torch.float8_e4m3fn)
+            return torch.from_numpy(np.ascontiguousarray(fn(t.numpy())))
+        return QTensor(self.kind, f(self.codes), f(self.scale), f(self.zero), self.origin)
+
+    def dequantize(self) -> torch.Tensor:
+        if self.kind == "int4":
+            return rtn.dequantize_int4(self.codes, self.scale, self.zero)
+        return rtn.dequantize_scaled(self.codes, self.scale)
+
+
+def cat_rows(parts: list[QTensor]) -> QTensor:
+    """Stack weights along N (fused QKV, gate/up); all parts share kind and group size."""
+    kinds = {(p.kind, p.group) for p in parts}
+    if len(kinds) != 1:
+        raise ValueError(f"cannot fuse quantized weights of different kinds/groups: {sorted(kinds)}")
+    zero = None if parts[0].zero is None else torch.cat([p.zero for p in parts])
+    origin = "+".join(sorted({p.origin for p in parts}))
+    return QTensor(parts[0].kind, torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]),
+                   zero, origin)
+
+
+def quantize(w: torch.Tensor, mode: str, group: int) -> QTensor:
     """Round-to-nearest quantize a float weight [N, K] on load. int4: asymmetric, `group` inputs per scale;
     int8: symmetric per output channel; fp8 (CUDA): e4m3 per output channel."""
     if mode == "int4":
-        return Int4Weight(*rtn.quantize_int4(w, group), device)
+        return QTensor("int4", *rtn.quantize_int4(w, group))
     if mode == "int8":
-        return Int8Weight(*rtn.quantize_int8(w), device)
+        return QTensor("int8", *rtn.quantize_int8(w))
     if mode == "fp8":
-        return Fp8Weight(*rtn.quantize_fp8(w), device)
+        return QTensor("fp8", *rtn.quantize_fp8(w))
     raise ValueError(f"unknown quantization {mode!r} ({', '.join(MODES)})")
 
 
-def from_gguf(blocks: gguf_blocks.Blocks, device: torch.device | str) -> QuantWeight:
-    """A GGUF tensor kept quantized: 4-bit kinds -> Int4Weight (group 32, same codes); Q8_0 -> Int8Weight with
-    its per-32 scales on CUDA, re-rounded to per-channel scales on CPU (the CPU int8 kernel has no groups)."""
+def from_gguf(blocks: gguf_blocks.Blocks) -> QTensor:
+    """A GGUF tensor kept quantized, same codes: 4-bit kinds -> int4 group 32; Q8_0 -> int8 group 32."""
     if blocks.kind == "Q8_0":
         codes = torch.from_numpy(np.ascontiguousarray(blocks.codes))
-        d = torch.from_numpy(blocks.params["d"].astype(np.float32))
-        if torch.device(device).type == "cuda":
-            return Int8Weight(codes, d, device)
-        return Int8Weight(*rtn.quantize_int8(rtn.dequantize_scaled(codes, d)), device)
-    return Int4Weight(*gguf_blocks.group_affine(blocks), device)
+        return QTensor("int8", codes, torch.from_numpy(blocks.params["d"].astype(np.float32)), origin="Q8_0")
+    return QTensor("int4", *gguf_blocks.group_affine(blocks), origin=blocks.kind)
+
+
+def to_kernel(q: QTensor, device: torch.device | str) -> QuantWeight:
+    """Pack a QTensor into the device's kernel layout. On CPU an int8 weight with group scales (GGUF Q8_0) is
+    re-rounded to one scale per output channel (the CPU int8 kernel has no groups): codes change by at most
+    half a per-channel step; everything else keeps its codes exactly."""
+    if q.kind == "int4":
+        return Int4Weight(q.codes, q.scale, q.zero, device)
+    if q.kind == "int8":
+        if torch.device(device).type != "cuda" and q.group != q.shape[1]:
+            return Int8Weight(*rtn.quantize_int8(q.dequantize()), device)
+        return Int8Weight(q.codes, q.scale, device)
+    if q.kind == "fp8":
+        return Fp8Weight(q.codes, q.scale, device)
+    raise ValueError(f"unknown quantized kind {q.kind!r}")
 
 
 class QuantEmbedding(nn.Module):
-    """An embedding table kept as Q8_0 codes (int8 [V, H]) + f16 block scales [V, H / 32]; a lookup dequantizes
-    only the gathered rows, to the file's exact values in float32 (then `dtype`)."""
+    """An embedding table kept as int8 codes [V, H] + float32 group scales [V, H / G] (GGUF Q8_0); a lookup
+    dequantizes only the gathered rows, to the file's exact values in float32 (then `dtype`)."""
 
-    def __init__(self, blocks: gguf_blocks.Blocks, dtype: torch.dtype, device: torch.device | str):
+    def __init__(self, q: QTensor, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
-        if blocks.kind != "Q8_0":
-            raise ValueError(f"QuantEmbedding keeps Q8_0 tables only, got {blocks.kind}")
+        if q.kind != "int8":
+            raise ValueError(f"QuantEmbedding keeps int8 tables only, got {q.kind}")
         self.dtype = dtype
-        self.register_buffer("codes", torch.from_numpy(np.ascontiguousarray(blocks.codes)).to(device))
-        self.register_buffer("d", torch.from_numpy(blocks.params["d"].copy()).to(device))
+        self.register_buffer("codes", q.codes.to(device))
+        self.register_buffer("scale", q.scale.to(device))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         q = self.codes[ids].float()  # [T, H]
-        d = self.d[ids].float()  # [T, H / 32]
-        return (q.view(*q.shape[:-1], d.shape[-1], -1) * d[..., None]).reshape(q.shape).to(self.dtype)
+        s = self.scale[ids]  # [T, H / G]
+        return (q.view(*q.shape[:-1], s.shape[-1], -1) * s[..., None]).reshape(q.shape).to(self.dtype)
 
     def dequantize(self) -> torch.Tensor:
         return self.forward(torch.arange(self.codes.shape[0], device=self.codes.device)).float()
+
+
+def embedding(ids: torch.Tensor, table: torch.Tensor | QuantEmbedding) -> torch.Tensor:
+    """Rows of a dense table [V, H] or a QuantEmbedding."""
+    return F.embedding(ids, table) if isinstance(table, torch.Tensor) else table(ids)

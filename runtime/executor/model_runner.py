@@ -33,6 +33,7 @@ from runtime.executor.staging import upload
 from runtime.models.arch import ModelArch
 from runtime.models.llama import LlamaForCausalLM
 from runtime.models.loader import load_weights, read_eos_ids
+from runtime.models.quant_policy import describe as describe_quantized
 from runtime.models.registry import resolve_model_path
 
 log = logging.getLogger(__name__)
@@ -51,9 +52,14 @@ class ModelRunner:
         if mc.num_threads and self.device.type == "cpu":
             torch.set_num_threads(mc.num_threads)
         self.model_path = resolve_model_path(mc.model_path)
-        arch, weights = load_weights(self.model_path, self.dtype, progress)
+        arch, weights = load_weights(self.model_path, self.dtype, progress, mc.quantization,
+                                     mc.quantization_group_size)
         self.arch: ModelArch = arch
-        self.model = LlamaForCausalLM(arch, weights, self.device)
+        quantized = describe_quantized(weights)
+        self.model = LlamaForCausalLM(arch, weights, self.device, self.dtype)
+        self.weights_bytes = self.model.weights_nbytes()
+        log.info("weights: %.1f MB on %s (quantization %s: %s)", self.weights_bytes / 2**20, self.device,
+                 mc.quantization, quantized)
         self.vocab_size = arch.vocab_size
         self.eos_token_ids = read_eos_ids(self.model_path)
         self.context_len = min(mc.context_length or arch.max_position, arch.max_position)

@@ -9,6 +9,9 @@ Weights are frozen `nn.Parameter`s (requires_grad=False) so that torch.compile w
 cos/sin rows are gathered once per forward, not per layer. Attention is called through `attend(q, k, v,
 layer_id)`: the backend's own `forward` when eager, the opaque custom op `radixgen_rt::attention`
 (runtime/models/attn_op.py) when compiled, so the graph never traces into a backend.
+Quantized weights (kernels.quant.QTensor from the loader) are packed here once for the device into QuantWeight
+submodules (their tensors are buffers) and called through `quant.linear` / `quant.embedding`, which take dense
+weights too; torch's CPU weight-only ops trace under torch.compile as ATen ops.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import ref
+from kernels import quant, ref
 from kernels.api import BaseAttnBackend
 from runtime.executor.forward_batch import ForwardBatch
 from runtime.models.arch import ModelArch
@@ -48,37 +51,62 @@ def rope_gathered(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
-def _frozen(t: torch.Tensor | None) -> nn.Parameter | None:
-    return None if t is None else nn.Parameter(t, requires_grad=False)
+Weight = torch.Tensor | quant.QTensor
+
+
+def _frozen(t: Weight | None, device: torch.device) -> nn.Parameter | quant.QuantWeight | None:
+    """A dense weight as a frozen Parameter on `device`; a QTensor packed into the device's kernel layout."""
+    if t is None:
+        return None
+    if isinstance(t, quant.QTensor):
+        return quant.to_kernel(t, device)
+    return nn.Parameter(t.to(device), requires_grad=False)
+
+
+def _cat(parts: list[Weight]) -> Weight:
+    """Fuse weights along rows (dense tensors or QTensors alike)."""
+    if isinstance(parts[0], quant.QTensor):
+        return quant.cat_rows(parts)
+    return torch.cat(parts, dim=0).contiguous()
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, w: dict[str, torch.Tensor], i: int, arch: ModelArch) -> None:
+    def __init__(self, w: dict[str, Weight], i: int, arch: ModelArch, device: torch.device) -> None:
         super().__init__()
         p = f"model.layers.{i}."
         qkv = [w.pop(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
         bias = torch.cat([w.pop(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if arch.attention_bias else None
-        self.ln_attn = _frozen(w.pop(p + "input_layernorm.weight"))  # [H] float32
-        self.w_qkv = _frozen(torch.cat(qkv, dim=0).contiguous())  # [(Hq + 2 Hkv) * D, H]
-        self.b_qkv = _frozen(bias)  # [(Hq + 2 Hkv) * D] (Qwen2)
-        self.w_o = _frozen(w.pop(p + "self_attn.o_proj.weight"))  # [H, Hq * D]
-        self.q_norm = _frozen(w.pop(p + "self_attn.q_norm.weight") if arch.qk_norm else None)  # [D] (Qwen3)
-        self.k_norm = _frozen(w.pop(p + "self_attn.k_norm.weight") if arch.qk_norm else None)
-        self.ln_mlp = _frozen(w.pop(p + "post_attention_layernorm.weight"))  # [H]
-        gate_up = torch.cat([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")])
-        self.w_gate_up = _frozen(gate_up.contiguous())  # [2 I, H]
-        self.w_down = _frozen(w.pop(p + "mlp.down_proj.weight"))  # [H, I]
+        d = device
+        self.ln_attn = _frozen(w.pop(p + "input_layernorm.weight"), d)  # [H] float32
+        self.w_qkv = _frozen(_cat(qkv), d)  # [(Hq + 2 Hkv) * D, H]
+        self.b_qkv = _frozen(bias, d)  # [(Hq + 2 Hkv) * D] (Qwen2)
+        self.w_o = _frozen(w.pop(p + "self_attn.o_proj.weight"), d)  # [H, Hq * D]
+        self.q_norm = _frozen(w.pop(p + "self_attn.q_norm.weight") if arch.qk_norm else None, d)  # [D] (Qwen3)
+        self.k_norm = _frozen(w.pop(p + "self_attn.k_norm.weight") if arch.qk_norm else None, d)
+        self.ln_mlp = _frozen(w.pop(p + "post_attention_layernorm.weight"), d)  # [H]
+        gate_up = _cat([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")])
+        self.w_gate_up = _frozen(gate_up, d)  # [2 I, H]
+        self.w_down = _frozen(w.pop(p + "mlp.down_proj.weight"), d)  # [H, I]
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, arch: ModelArch, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu") -> None:
+    def __init__(self, arch: ModelArch, weights: dict[str, Weight], device: str | torch.device = "cpu",
+                 dtype: torch.dtype | None = None) -> None:
+        """weights: {hf_name: tensor | QTensor} (runtime.models.loader); dtype: the activation dtype, which a
+        quantized embedding's rows are produced in (default: torch's default dtype)."""
         super().__init__()
         self.arch = arch
-        w = {k: v.to(device) for k, v in weights.items()}
-        self.embed = _frozen(w.pop("model.embed_tokens.weight"))  # [V, H]
-        self.norm = _frozen(w.pop("model.norm.weight"))
-        self.lm_head = self.embed if arch.tie_word_embeddings else _frozen(w.pop("lm_head.weight"))
-        self.layers = nn.ModuleList(LlamaLayer(w, i, arch) for i in range(arch.num_layers))
+        dev = torch.device(device)
+        w = dict(weights)
+        embed = w.pop("model.embed_tokens.weight")
+        if isinstance(embed, quant.QTensor):  # GGUF Q8_0 rows, dequantized on lookup
+            self.embed = quant.QuantEmbedding(embed, dtype or torch.get_default_dtype(), dev)
+        else:
+            self.embed = _frozen(embed, dev)  # [V, H]
+        self.norm = _frozen(w.pop("model.norm.weight"), dev)
+        head = w.pop("lm_head.weight", None)  # the loader adds one for a tied model whose head is quantized
+        self.lm_head = self.embed if head is None else _frozen(head, dev)
+        self.layers = nn.ModuleList(LlamaLayer(w, i, arch, dev) for i in range(arch.num_layers))
         self.q_size = arch.num_heads * arch.head_dim
         self.kv_size = arch.num_kv_heads * arch.head_dim
         cos_sin = ref.rope_cos_sin(arch.head_dim, arch.max_position, arch.rope_theta, arch.rope_scaling, device)
@@ -86,6 +114,11 @@ class LlamaForCausalLM(nn.Module):
         self.rmsnorm, self.apply_rope = elementwise_kernels(device)
         self.fused_rope = self.apply_rope is not ref.apply_rope  # Triton: gathers inside its kernel
         self.eval()
+
+    def weights_nbytes(self) -> int:
+        """Bytes of every weight the forward reads (parameters and quantized buffers; a tied head once)."""
+        tensors = {id(t): t for t in [*self.parameters(), *self.buffers()] if t is not self.cos_sin}
+        return sum(t.numel() * t.element_size() for t in tensors.values())
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, attn: BaseAttnBackend) -> torch.Tensor:
@@ -97,7 +130,7 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions [T] int64; logits_indices [K] int64 -> logits [K, vocab] float32.
         The traceable body: everything but `attend` is plain torch, so torch.compile sees one graph."""
         a = self.arch
-        h = F.embedding(input_ids, self.embed)  # [T, H]
+        h = quant.embedding(input_ids, self.embed)  # [T, H]
         residual: torch.Tensor | None = None
         t = h.shape[0]
         if not self.fused_rope:
@@ -105,7 +138,7 @@ class LlamaForCausalLM(nn.Module):
             cos, sin = cs[..., : a.head_dim // 2], cs[..., a.head_dim // 2 :]
         for i, lw in enumerate(self.layers):
             x, residual = self.rmsnorm(h, lw.ln_attn, a.rms_eps, residual)
-            qkv = F.linear(x, lw.w_qkv, lw.b_qkv)  # [T, (Hq + 2 Hkv) D]
+            qkv = quant.linear(x, lw.w_qkv, lw.b_qkv)  # [T, (Hq + 2 Hkv) D]
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = q.view(t, a.num_heads, a.head_dim)
             k = k.view(t, a.num_kv_heads, a.head_dim)
@@ -118,11 +151,11 @@ class LlamaForCausalLM(nn.Module):
             else:
                 q, k = rope_gathered(q, cos, sin), rope_gathered(k, cos, sin)
             o = attend(q, k, v, i)  # [T, Hq, D]
-            h = F.linear(o.reshape(t, self.q_size), lw.w_o)
+            h = quant.linear(o.reshape(t, self.q_size), lw.w_o)
             x, residual = self.rmsnorm(h, lw.ln_mlp, a.rms_eps, residual)
-            gate, up = F.linear(x, lw.w_gate_up).chunk(2, dim=-1)
-            h = F.linear(F.silu(gate) * up, lw.w_down)
+            gate, up = quant.linear(x, lw.w_gate_up).chunk(2, dim=-1)
+            h = quant.linear(F.silu(gate) * up, lw.w_down)
         last = (h + residual)[logits_indices]
         x = self.rmsnorm(last, self.norm, a.rms_eps)[0]
-        logits = F.linear(x, self.lm_head)
+        logits = quant.linear(x, self.lm_head)
         return logits if logits.dtype == torch.float64 else logits.float()

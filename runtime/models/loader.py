@@ -4,6 +4,9 @@ Both paths produce `(ModelArch, {hf_param_name: tensor})` with Hugging Face para
 (`model.layers.0.self_attn.q_proj.weight`, ...), so models have one naming scheme.
 GGUF: tensors are dequantized with the `gguf` package; llama.cpp stores Llama's Q/K rows permuted for its
 interleaved rotary layout, which `_unpermute_qk` undoes so the rotate-half rotary of HF applies.
+Under a --quantization mode other than none, weights chosen by runtime.models.quant_policy arrive as
+kernels.quant.QTensor (codes + scales on the host; a GGUF's Q4/Q8 blocks keep their codes) instead of tensors;
+the model packs them for its device.
 """
 
 from __future__ import annotations
@@ -17,7 +20,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from kernels.quant import QTensor
+from runtime.models import quant_policy
 from runtime.models.arch import ModelArch
+
+Weight = torch.Tensor | QTensor
 
 _GGUF_LAYER = {
     "attn_norm": "input_layernorm",
@@ -35,12 +42,15 @@ _GGUF_LAYER = {
 _GGUF_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
-def load_weights(path: str, dtype: torch.dtype, progress: bool = True) -> tuple[ModelArch, dict[str, torch.Tensor]]:
-    """Load a .gguf file or an HF model directory; tensors cast to `dtype` (norm weights kept float32)."""
+def load_weights(
+    path: str, dtype: torch.dtype, progress: bool = True, quantization: str = "none", group: int = 32
+) -> tuple[ModelArch, dict[str, Weight]]:
+    """Load a .gguf file or an HF model directory; tensors cast to `dtype` (norm weights kept float32),
+    quantized weights as QTensor per runtime.models.quant_policy under `quantization` (auto/none/int8/int4/fp8)."""
     if path.endswith(".gguf"):
-        return _load_gguf(path, dtype, progress)
+        return _load_gguf(path, dtype, progress, quantization, group)
     if os.path.isdir(path):
-        return _load_safetensors_dir(path, dtype, progress)
+        return _load_safetensors_dir(path, dtype, progress, quantization, group)
     raise FileNotFoundError(f"model path {path!r} is neither a .gguf file nor a model directory")
 
 
@@ -101,24 +111,56 @@ def _unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, out_dim // n_heads // 2, 2, *rest).swapaxes(1, 2).reshape(out_dim, *rest)
 
 
-def _load_gguf(path: str, dtype: torch.dtype, progress: bool) -> tuple[ModelArch, dict[str, torch.Tensor]]:
+def _load_gguf(
+    path: str, dtype: torch.dtype, progress: bool, mode: str, group: int
+) -> tuple[ModelArch, dict[str, Weight]]:
     import gguf
 
     reader = gguf.GGUFReader(path)
     arch = gguf_arch(reader)
-    weights: dict[str, torch.Tensor] = {}
+    weights: dict[str, Weight] = {}
     for t in tqdm(reader.tensors, desc="Loading GGUF", disable=not progress, unit="tensor"):
         name = gguf_to_hf_name(t.name)
         if name is None:
             continue
-        data = gguf.quants.dequantize(t.data, t.tensor_type)
-        data = np.asarray(data, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
-        if arch.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            data = _unpermute_qk(data, arch.num_heads)
-        elif arch.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            data = _unpermute_qk(data, arch.num_kv_heads)
-        weights[name] = _cast(name, torch.from_numpy(np.array(data, copy=True)), dtype)
+        kind = t.tensor_type.name
+        shape = [int(x) for x in reversed(t.shape)]
+        heads = _qk_heads(arch, name)
+        q = quant_policy.gguf_tensor(name, t.data.reshape(shape[0], -1), kind, mode, group)
+        if q is not None:
+            weights[name] = q if heads is None else q.permute_rows(lambda a, h=heads: _unpermute_qk(a, h))
+            continue
+        try:
+            data = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError as e:
+            raise quant_policy.UnsupportedQuantization(
+                f"GGUF tensor {t.name} has type {kind}, which radixgen cannot load") from e
+        data = np.asarray(data, dtype=np.float32).reshape(shape)
+        if heads is not None:
+            data = _unpermute_qk(data, heads)
+        w = quant_policy.dense_tensor(name, torch.from_numpy(np.array(data, copy=True)), mode, group)
+        weights[name] = _cast(name, w, dtype) if isinstance(w, torch.Tensor) else w
+    _tie_head(arch, weights, mode)
     return arch, weights
+
+
+def _qk_heads(arch: ModelArch, name: str) -> int | None:
+    """Heads whose rows llama.cpp permuted in this tensor (Llama q/k weights and biases), else None."""
+    if arch.arch != "llama":
+        return None
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
+        return arch.num_heads
+    if name.endswith(("k_proj.weight", "k_proj.bias")):
+        return arch.num_kv_heads
+    return None
+
+
+def _tie_head(arch: ModelArch, weights: dict[str, Weight], mode: str) -> None:
+    """A tied model whose embedding is quantized, or whose head should be, gets an explicit lm_head."""
+    if arch.tie_word_embeddings and quant_policy.LM_HEAD not in weights:
+        head = quant_policy.tied_head(weights[quant_policy.EMBED], mode)
+        if head is not None:
+            weights[quant_policy.LM_HEAD] = head
 
 
 # ------------------------------------------------------------------------------------- safetensors
@@ -143,10 +185,22 @@ def _iter_safetensors(files: list[str], progress: bool) -> Iterator[tuple[str, t
                 yield key, fh.get_tensor(key)
 
 
-def _load_safetensors_dir(path: str, dtype: torch.dtype, progress: bool) -> tuple[ModelArch, dict[str, torch.Tensor]]:
+def _load_safetensors_dir(
+    path: str, dtype: torch.dtype, progress: bool, mode: str, group: int
+) -> tuple[ModelArch, dict[str, Weight]]:
     with open(os.path.join(path, "config.json")) as fh:
-        arch = ModelArch.from_hf_config(json.load(fh))
-    weights = {k: _cast(k, v, dtype) for k, v in _iter_safetensors(_safetensors_files(path), progress)}
+        cfg = json.load(fh)
+    qc = cfg.get("quantization_config")
+    if qc:
+        raise quant_policy.UnsupportedQuantization(
+            f"checkpoint is quantized with {qc.get('quant_method', qc)!r}, which radixgen cannot load "
+            "(load its bf16/fp32 safetensors with --quantization int8|int4|fp8, or a GGUF)")
+    arch = ModelArch.from_hf_config(cfg)
+    weights: dict[str, Weight] = {}
+    for k, v in _iter_safetensors(_safetensors_files(path), progress):
+        q = quant_policy.dense_tensor(k, v, mode, group)
+        weights[k] = _cast(k, q, dtype) if isinstance(q, torch.Tensor) else q
+    _tie_head(arch, weights, mode)
     return arch, weights
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.quant import QuantEmbedding, from_gguf, gguf_blocks, linear, quantize, rtn
+from kernels.quant import QuantEmbedding, cat_rows, from_gguf, gguf_blocks, linear, quantize, rtn, to_kernel
 from kernels.quant.weights import Fp8Weight, Int4Weight, Int8Weight
 
 GGUF_TYPES = {k: getattr(gguf.GGMLQuantizationType, k) for k in gguf_blocks.KINDS}
@@ -77,11 +77,11 @@ def test_smollm_gguf_tensors_round_trip(smollm_path: str) -> None:
         ref = gguf.quants.dequantize(raw, t.tensor_type).reshape(blocks.codes.shape)
         assert np.array_equal(gguf_blocks.dequantize(blocks), ref)
         if kind == "Q8_0":
-            emb = QuantEmbedding(blocks, torch.float32, "cpu")
+            emb = QuantEmbedding(from_gguf(blocks), torch.float32, "cpu")
             ids = torch.tensor([0, 5, 2047, 5])
             assert torch.equal(emb(ids), torch.from_numpy(ref)[ids])
         else:
-            assert torch.equal(from_gguf(blocks, "cpu").codes(), torch.from_numpy(blocks.codes))
+            assert torch.equal(to_kernel(from_gguf(blocks), "cpu").codes(), torch.from_numpy(blocks.codes))
     assert seen == {"Q4_1", "Q8_0"}
 
 
@@ -103,7 +103,7 @@ SHAPES = [(1, 64, 128), (3, 192, 256), (32, 128, 512), (17, 576, 128)]  # (M, N,
 def test_cpu_int4_linear_matches_reference(m: int, n: int, k: int, group: int, dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(m + n + k)
     w = torch.randn(n, k, generator=g) * 0.05
-    qw = quantize(w, "int4", group, "cpu")
+    qw = to_kernel(quantize(w, "int4", group), "cpu")
     x = torch.randn(2, m, k, generator=g).to(dtype)  # a leading batch dim: linear flattens it
     y = linear(x, qw)
     assert y.shape == (2, m, n) and y.dtype == dtype
@@ -115,10 +115,24 @@ def test_cpu_int4_linear_matches_reference(m: int, n: int, k: int, group: int, d
 def test_cpu_int8_linear_matches_reference(m: int, n: int, k: int) -> None:
     g = torch.Generator().manual_seed(m * n)
     w = torch.randn(n, k, generator=g) * 0.05
-    qw = quantize(w, "int8", 0, "cpu")
+    qw = to_kernel(quantize(w, "int8", 0), "cpu")
     x = torch.randn(m, k, generator=g)
     bias = torch.randn(n, generator=g)
     _assert_bf16_close(linear(x, qw, bias), _bf16_ref(x, qw.dequantize()) + bias)
+
+
+def test_fused_rows_and_q8_0_on_cpu() -> None:
+    """cat_rows fuses QKV-style parts exactly; a grouped int8 (Q8_0) weight runs per-channel on CPU within
+    half a per-channel step of its file values."""
+    g = torch.Generator().manual_seed(5)
+    parts = [quantize(torch.randn(n, 128, generator=g), "int4", 32) for n in (64, 128)]
+    fused = cat_rows(parts)
+    assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in parts]))
+    blocks = gguf_blocks.unpack(_random_blocks("Q8_0", 64, 256, seed=6), "Q8_0")
+    q = from_gguf(blocks)
+    w = to_kernel(q, "cpu")
+    step = w.scale.float()  # [N, 1], bfloat16 on CPU: |q| <= 127 codes times a 2^-9 relative scale error
+    assert ((w.dequantize() - q.dequantize()).abs() <= step / 2 + 127 * step * 2**-8).all()
 
 
 def test_rtn_error_within_half_a_step() -> None:
@@ -158,7 +172,7 @@ def test_triton_dequant_mm_matches_reference(m: int, n: int, k: int, group: int,
 def test_quantized_linear_compiles_fullgraph() -> None:
     """The CPU weight-only ops trace under torch.compile (the engine's compiled forward) and match eager."""
     w = torch.randn(128, 256, generator=torch.Generator().manual_seed(3)) * 0.05
-    w4, w8 = quantize(w, "int4", 32, "cpu"), quantize(w, "int8", 0, "cpu")
+    w4, w8 = to_kernel(quantize(w, "int4", 32), "cpu"), to_kernel(quantize(w, "int8", 0), "cpu")
     x = torch.randn(4, 256)
 
     def f(x: torch.Tensor) -> torch.Tensor:
@@ -186,7 +200,7 @@ def test_unsupported_kinds_fail_loud(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_gpu_dequant_mm_bf16_model_shapes(m: int, kind: str) -> None:
     n, k = 1536, 576
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(m)) * 0.05
-    qw = quantize(w, kind, 32, "cuda") if kind == "int4" else quantize(w, kind, 0, "cuda")
+    qw = to_kernel(quantize(w, kind, 32), "cuda")
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     ref = x.float().cpu() @ qw.dequantize().to(torch.bfloat16).float().t()
     _assert_bf16_close(qw(x).float().cpu(), ref)

@@ -1,0 +1,85 @@
+"""Which weights a --quantization mode keeps or makes quantized, and in what form (used by the loader).
+
+Inputs: one tensor at a time as the loader reads it, either GGUF blocks or a float tensor, with its Hugging Face
+name. Output: the tensor to put in the state dict, a float tensor or a kernels.quant.QTensor (packed for the
+device later, by the model). Rules:
+  linears (q/k/v/o, gate/up/down)
+    auto  GGUF Q4_0/Q4_1/Q4_K -> int4 (same codes, group 32), Q8_0 -> int8 (same codes); other types dense
+    int4  as auto, and every other linear round-to-nearest int4 (group --quantization-group-size)
+    int8  Q8_0 kept; every other linear (4-bit GGUF values included) round-to-nearest int8 per channel
+    fp8   every linear e4m3 per output channel (CUDA)
+  embedding: a GGUF Q8_0 table stays Q8_0 (rows dequantized on lookup, exact); any other table stays dense.
+  lm_head: int8 (Q8_0 codes when the file has them; per output channel on CPU) in auto/int4/int8, fp8 in fp8.
+  norms and biases: dense float32 / the model dtype, always.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import torch
+
+from kernels.quant import QTensor, from_gguf, gguf_blocks, quantize
+
+LINEAR = re.compile(r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight")
+EMBED, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
+
+
+class UnsupportedQuantization(ValueError):
+    pass
+
+
+def is_quantizable(name: str) -> bool:
+    return bool(LINEAR.fullmatch(name)) or name in (EMBED, LM_HEAD)
+
+
+def gguf_tensor(name: str, raw: np.ndarray, kind: str, mode: str, group: int) -> QTensor | None:
+    """A GGUF tensor of a kept kind (raw block bytes [N, row_bytes]) under `mode`, or None when the caller
+    should dequantize it and go through `dense_tensor` (not quantizable, mode none, or a kind not kept)."""
+    if mode == "none" or not is_quantizable(name) or kind not in gguf_blocks.KINDS:
+        return None
+    kept = from_gguf(gguf_blocks.unpack(raw, kind))
+    if name == EMBED:
+        return kept if kept.kind == "int8" else None
+    if name == LM_HEAD:
+        return _head(kept, None, mode)
+    if mode in ("auto", "int4") or (mode == "int8" and kept.kind == "int8"):
+        return kept
+    return quantize(kept.dequantize(), mode, group)
+
+
+def dense_tensor(name: str, w: torch.Tensor, mode: str, group: int) -> torch.Tensor | QTensor:
+    """A float tensor (safetensors, or a GGUF type that is not kept) quantized on load under `mode`."""
+    if mode in ("none", "auto") or not is_quantizable(name) or name == EMBED:
+        return w
+    if name == LM_HEAD:
+        return _head(None, w, mode)
+    return quantize(w, mode, group)
+
+
+def tied_head(embed: torch.Tensor | QTensor, mode: str) -> torch.Tensor | QTensor | None:
+    """The lm_head of a tied model under `mode`: None means "reuse the dense embedding"."""
+    if mode == "none" or (mode == "auto" and not isinstance(embed, QTensor)):
+        return None
+    if isinstance(embed, QTensor):
+        return _head(embed, None, mode)
+    return _head(None, embed, mode)
+
+
+def _head(kept: QTensor | None, w: torch.Tensor | None, mode: str) -> QTensor:
+    if mode == "fp8":
+        return quantize(kept.dequantize() if kept is not None else w, "fp8", 0)
+    if kept is not None and kept.kind == "int8":
+        return kept
+    return quantize(kept.dequantize() if kept is not None else w, "int8", 0)
+
+
+def describe(weights: dict) -> str:
+    """One line on what was kept quantized: counts per (kind, origin)."""
+    counts: dict[str, int] = {}
+    for v in weights.values():
+        if isinstance(v, QTensor):
+            key = f"{v.kind}<-{v.origin}" + (f" g{v.group}" if v.group != v.shape[1] else " per-channel")
+            counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{n} x {k}" for k, n in sorted(counts.items())) or "no quantized tensors"
