@@ -26,6 +26,10 @@ from kernels.quant import rtn
 
 CPU_ACT = torch.bfloat16  # activation dtype of the CPU weight-only kernels
 CPU_INT4_BLOCK_N = 64  # output rows per block of the CPU int4 layout
+# From this many rows on (prefill), the CPU path dequantizes the weight to bfloat16 for the call and runs a dense
+# GEMM: torch's weight-only kernels cost time linear in the rows (a GEMV loop; ~10x a dense bf16 GEMM at
+# 1024 rows), while dequantizing costs one pass over the weight (bench/quant_kernels.py measures both).
+CPU_DENSE_MIN_ROWS = 256
 
 
 class QuantWeight(nn.Module):
@@ -100,8 +104,17 @@ class Int4Weight(QuantWeight):
             from kernels.quant.triton_mm import INT4, dequant_mm
 
             return dequant_mm(x.contiguous(), self.packed, self.scale, self.zero, INT4, self.out_features)
+        if x.shape[0] >= CPU_DENSE_MIN_ROWS and self.out_features % CPU_INT4_BLOCK_N == 0:
+            return F.linear(x.to(CPU_ACT), self.dense_bf16()).to(x.dtype)
         y = torch._weight_int4pack_mm_for_cpu(x.to(CPU_ACT), self.packed, self.group, self.scale_zero)
         return y.to(x.dtype)
+
+    def dense_bf16(self) -> torch.Tensor:
+        """The weight dequantized to bfloat16 [N, K], computed for one call (CPU layout)."""
+        n, k = self.out_features, self.in_features
+        codes = unpack_cpu_int4(self.packed, n, k).reshape(n, k // self.group, self.group).to(CPU_ACT)
+        sz = self.scale_zero.transpose(0, 1)  # [N, K / G, 2]
+        return torch.addcmul(sz[..., 1:], codes - 8, sz[..., :1]).reshape(n, k)
 
 
 class Int8Weight(QuantWeight):
@@ -128,6 +141,8 @@ class Int8Weight(QuantWeight):
             from kernels.quant.triton_mm import INT8, dequant_mm
 
             return dequant_mm(x.contiguous(), self.codes, self.scale, None, INT8, self.out_features)
+        if x.shape[0] >= CPU_DENSE_MIN_ROWS:
+            return F.linear(x.to(CPU_ACT), self.codes.to(CPU_ACT) * self.scale).to(x.dtype)
         return torch._weight_int8pack_mm(x.to(CPU_ACT), self.codes, self.scale[:, 0]).to(x.dtype)
 
 

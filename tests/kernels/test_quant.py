@@ -94,7 +94,7 @@ def _assert_bf16_close(y: torch.Tensor, ref: torch.Tensor) -> None:
     assert err <= 2**-7 * ref.abs().max().item() + 1e-6, err
 
 
-SHAPES = [(1, 64, 128), (3, 192, 256), (32, 128, 512), (17, 576, 128)]  # (M, N, K)
+SHAPES = [(1, 64, 128), (3, 192, 256), (32, 128, 512), (17, 576, 128), (300, 128, 256)]  # (M, N, K); M >= 256: dense
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES)

