@@ -191,7 +191,7 @@ def _load_safetensors_dir(
     with open(os.path.join(path, "config.json")) as fh:
         cfg = json.load(fh)
     qc = cfg.get("quantization_config")
-    if qc:
+    if qc and qc.get("quant_method") != "gguf":  # "gguf": transformers' mark on weights it dequantized (floats)
         raise quant_policy.UnsupportedQuantization(
             f"checkpoint is quantized with {qc.get('quant_method', qc)!r}, which radixgen cannot load "
             "(load its bf16/fp32 safetensors with --quantization int8|int4|fp8, or a GGUF)")
