@@ -69,7 +69,7 @@ def nll_radixgen(runner, chunk: list[int]) -> float:
     row = runner.req_to_token.alloc_row()
     try:
         runner.req_to_token.write(row, 0, slots)
-        fb = ForwardBatch.build([chunk], [0], slots, [row], is_decode=False,
+        fb = ForwardBatch.build([chunk], [0], slots, [row], num_decode=0,
                                 logits_indices=list(range(len(chunk) - 1)))
         logits = runner.forward(fb).float()
     finally:

@@ -30,7 +30,7 @@ def _runner(path: str, dtype: str, compiled: bool, max_bs: int = 32):
     mp.setenv("RADIXGEN_DISABLE_COMPILE", "0")
     try:
         cfg = make_config(model_path=path, dtype=dtype, max_total_tokens=8192, max_running_requests=40,
-                          disable_compile=not compiled, compile_max_bs=max_bs)
+                          disable_compile=not compiled, compile_max_bs=max_bs, quantization="none")  # dense
         return create_model_runner(cfg, progress=False)
     finally:
         mp.undo()
@@ -151,5 +151,8 @@ def test_auto_dtype_is_bf16_only_on_cpus_with_native_bf16(tmp_path, monkeypatch)
     assert not config.cpu_has_native_bf16(str(tmp_path / "missing"))
     for has, want in ((True, "bfloat16"), (False, "float32")):
         monkeypatch.setattr(config, "cpu_has_native_bf16", lambda has=has: has)
-        assert config.resolve(config.make_config(device="cpu")).model.dtype == want
+        dense = config.resolve(config.make_config(device="cpu", quantization="none"))
+        assert dense.model.dtype == want
         assert config.resolve(config.make_config(device="cpu", dtype="float32")).model.dtype == "float32"
+        # the default GGUF keeps its quantized blocks, whose CPU kernels take bf16 activations on any CPU
+        assert config.resolve(config.make_config(device="cpu")).model.dtype == "bfloat16"

@@ -34,10 +34,12 @@ def test_resolve_quantization_defaults() -> None:
 
 
 def _paris_prompt(hf_smollm) -> list[int]:
+    """With a system line: the bare question sits on a tie at bf16 resolution for this 135M Q4_1 model ('The'
+    vs 'L' at -1.92 under the int4 kernel; the dense bf16 model flips the same way on a reworded question)."""
     tok = hf_smollm[1]
-    text = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                   tokenize=False, add_generation_prompt=True)
-    return tok.encode(text)
+    msgs = [{"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "What is the capital of France?"}]
+    return tok.encode(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
 
 
 @pytest.mark.parametrize("mode", ["auto", "int8"])
