@@ -31,6 +31,8 @@ def server():
         "32",
         "--log-level",
         "warning",
+        "--dtype",
+        "float32",  # outputs compared exactly with an unaborted batch
     )
     try:
         yield s.wait_ready(300)

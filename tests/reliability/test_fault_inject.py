@@ -29,7 +29,7 @@ REASON = "internal error while processing request: RuntimeError: injected fault"
 @pytest.fixture(scope="module")
 def server():
     env = {"RADIXGEN_FAULT_INJECT_RID": "poison", "RADIXGEN_FAULT_INJECT_AT_TOKEN": str(AT_TOKEN)}
-    s = ServerProc("--max-total-tokens", "4096", "--log-level", "warning", env=env)
+    s = ServerProc("--max-total-tokens", "4096", "--log-level", "warning", "--dtype", "float32", env=env)  # exact equality
     try:
         yield s.wait_ready(300)
     finally:

@@ -22,7 +22,7 @@ WORDS = ["north", "south", "tree", "lake", "cloud", "iron", "glass", "bird", "so
 
 @pytest.fixture(scope="module")
 def server():
-    s = ServerProc("--max-total-tokens", str(POOL), "--log-level", "warning")
+    s = ServerProc("--max-total-tokens", str(POOL), "--log-level", "warning", "--dtype", "float32")  # exact equality
     try:
         yield s.wait_ready(300)
     finally:

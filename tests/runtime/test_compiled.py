@@ -3,7 +3,8 @@
 These are the suite's only inductor compiles (tests/conftest.py sets RADIXGEN_DISABLE_COMPILE=1 for the rest):
 a tiny random Llama compiled once per module for buckets 1..32, and one SmolLM2 bucket (bs 1) in bf16.
 Tolerances: fp32 compiled vs eager logits within 1e-4 (inductor reorders float32 sums); bf16 (tiny model)
-within 0.05 + 2 % on logits of magnitude ~1; bf16 SmolLM2 within 4 ulps max, 0.4 ulp mean, same argmax.
+within 0.05 + 2 % on logits of magnitude ~1; bf16 SmolLM2 no further from float32 than eager bf16
+(25 % slack), same argmax.
 """
 
 from __future__ import annotations
@@ -130,15 +131,23 @@ def test_compile_failure_warns_once_and_serves_eagerly(tiny_path, monkeypatch, c
 
 
 def test_smollm2_bf16_compiled_bucket_close_to_eager(smollm_path):
-    """One real-model bucket (bs 1) in bf16, the default dtype on this CPU."""
+    """One real-model bucket (bs 1) in bf16, the default dtype on this CPU, judged against float32.
+
+    Compiled and eager bf16 drift apart over 30 layers (the compiled graph keeps fused intermediates in
+    float32 where eager rounds them to bf16: up to ~0.5 apart on logits of magnitude 3-30 by step 4), so
+    neither is the reference. The stated tolerance: the compiled bucket is no further from the float32
+    logits than eager bf16 is (mean and max, 25 % slack), and all three pick the same greedy token.
+    """
     eager, compiled = _runner(smollm_path, "bfloat16", False), _runner(smollm_path, "bfloat16", True, max_bs=1)
+    ref = _runner(smollm_path, "float32", False)
     prompts = [[1, 504, 3458, 314, 260, 1345, 28, 3148, 30]]
-    for a, b in zip(_decode_logits(eager, prompts, 4), _decode_logits(compiled, prompts, 4), strict=True):
-        # bf16 logits of magnitude 16-32 have an ulp of 0.125: at most 4 ulps anywhere, 0.4 ulp on average
-        # (the compiled graph keeps fused intermediates in float32 where eager rounds them to bf16).
-        diff = (a - b).abs()
-        assert diff.max().item() <= 0.5 and diff.mean().item() < 0.05
-        assert a.argmax(-1).tolist() == b.argmax(-1).tolist()
+    steps = zip(_decode_logits(eager, prompts, 4), _decode_logits(compiled, prompts, 4),
+                _decode_logits(ref, prompts, 4), strict=True)
+    for a, b, r in steps:
+        e_err, c_err = (a - r).abs(), (b - r).abs()
+        assert c_err.mean().item() <= 1.25 * e_err.mean().item() + 0.02, (c_err.mean(), e_err.mean())
+        assert c_err.max().item() <= 1.25 * e_err.max().item() + 0.125, (c_err.max(), e_err.max())
+        assert a.argmax(-1).tolist() == b.argmax(-1).tolist() == r.argmax(-1).tolist()
 
 
 def test_auto_dtype_is_bf16_only_on_cpus_with_native_bf16(tmp_path, monkeypatch):
