@@ -6,7 +6,9 @@ Wire format (what SGLang's own frontend client sends, so either server works):
 - select: `POST /generate` of the prefix with `max_new_tokens: 0` (caches it, tells `prompt_tokens`), then one
   batch request `text: [prefix + choice, ...]`, `max_new_tokens: 0`, `return_logprob`,
   `return_text_in_logprobs`, `logprob_start_len = max(prompt_tokens - 2, 0)`; each answer's
-  `meta_info.input_token_logprobs` is a list of `[logprob, token_id, text]` triples.
+  `meta_info.input_token_logprobs` is a list of `[logprob, token_id, text]` triples. A server that refuses
+  a batch with 422 (sglang-router takes one `text` per request) gets one request per choice instead, from
+  then on (`batch_refused`); the answers are the same, only the round trips differ.
 - fork / run_batch pre-cache: a `max_new_tokens: 0` request of the shared prefix, so the branches find it
   in the radix cache.
 - `GET /get_model_info` at construction: `model_path` picks the chat template.
@@ -19,7 +21,7 @@ from typing import Any
 
 from frontend_lang import ir
 from frontend_lang.backend.base import BaseBackend
-from frontend_lang.backend.http import GenerationAborted, HttpClient
+from frontend_lang.backend.http import BackendError, GenerationAborted, HttpClient
 from frontend_lang.chat_template import get_chat_template, get_chat_template_by_model_path
 from frontend_lang.choices import ChoicesDecision, ChoicesSamplingMethod
 from frontend_lang.global_config import global_config
@@ -38,6 +40,19 @@ class RuntimeEndpoint(BaseBackend):
         else:
             self.chat_template = get_chat_template_by_model_path(str(self.model_info.get("model_path", "")))
         self.supports_images = self.chat_template.image_token is not None
+        self.batch_refused = False  # set once the server answered a batched /generate with 422
+
+    def _generate_many(self, key: str, prompts: list[Any], rest: dict[str, Any]) -> list[dict]:
+        """One answer per prompt (`key` is "text" or "input_ids"): one batched /generate, or one request per
+        prompt when the server refuses batches (422: sglang-router's body type has a single `text`)."""
+        if not self.batch_refused:
+            try:
+                return self.http.post_json("/generate", {key: prompts, **rest})
+            except BackendError as e:
+                if e.status != 422:
+                    raise
+                self.batch_refused = True
+        return [self.http.post_json("/generate", {key: p, **rest}) for p in prompts]
 
     # ------------------------------------------------------------------ prefix caching
     def _prefill(self, text: str) -> dict:
@@ -85,8 +100,7 @@ class RuntimeEndpoint(BaseBackend):
             raise ValueError("select scores choices greedily: temperature must be 0")
         prefix_meta = self._prefill(s.text_)["meta_info"]
         logprob_start_len = max(int(prefix_meta["prompt_tokens"]) - 2, 0)  # room for the boundary token
-        answers = self.http.post_json("/generate", {
-            "text": [s.text_ + c for c in choices],
+        answers = self._generate_many("text", [s.text_ + c for c in choices], {
             "sampling_params": {"max_new_tokens": 0, "temperature": 0},
             "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": logprob_start_len,
         })
@@ -96,8 +110,7 @@ class RuntimeEndpoint(BaseBackend):
         normalized = [mean_logprob(t) for t in input_lp]
         uncond = None
         if choices_method.requires_unconditional_logprobs:
-            uncond_answers = self.http.post_json("/generate", {
-                "input_ids": [[t[1] for t in triples] for triples in input_lp],
+            uncond_answers = self._generate_many("input_ids", [[t[1] for t in triples] for triples in input_lp], {
                 "sampling_params": {"max_new_tokens": 0, "temperature": 0},
                 "return_logprob": True, "logprob_start_len": 0,
             })

@@ -50,6 +50,7 @@ class FakeServer:
         self.requests: list[tuple[str, Any]] = []
         self.seen: list[str] = []
         self.delay = 0.0
+        self.refuse_batch: set[str] = set()  # "text"/"input_ids": a list of prompts there is a 422, as sglang-router
         self.lock = threading.Lock()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self.httpd.daemon_threads = True
@@ -108,6 +109,11 @@ class FakeServer:
         return {"text": out, "output_ids": [ord(c) for c in out], "meta_info": meta}
 
     def generate(self, body: dict) -> Any:
+        for key in self.refuse_batch:
+            value = body.get(key)
+            if isinstance(value, list) and (key == "text" or (value and isinstance(value[0], list))):
+                raise FakeError(422, f"Failed to deserialize the JSON body into the target type: {key}: "
+                                     "invalid type: sequence, expected a string")
         if "text" in body:
             prompts = body["text"]
         else:

@@ -115,3 +115,71 @@ def test_unconditional_likelihood_normalized():
     with pytest.raises(ValueError):
         fl.unconditional_likelihood_normalized(choices=["a"], normalized_prompt_logprobs=[0.0],
                                                input_token_logprobs=[_t(-1.0)], output_token_logprobs=[[]])
+
+
+def test_select_falls_back_to_one_request_per_choice_when_batches_are_refused(fake, backend):
+    """sglang-router answers a batched `text` with 422: select then sends one request per choice (and keeps
+    doing so, without retrying the batch), with the same decision and logprobs as the batched path."""
+    @fl.function
+    def prog(s):
+        s += "Animal:"
+        s += fl.select("animal", choices=CHOICES)
+        s += " and"
+        s += fl.select("other", choices=CHOICES)
+
+    batched = prog.run(backend=backend)
+    assert batched.error() is None and not backend.batch_refused
+    fake.requests.clear()
+    fake.refuse_batch = {"text"}
+    single = prog.run(backend=backend)
+    assert single.error() is None and backend.batch_refused
+    assert (single["animal"], single["other"]) == (batched["animal"], batched["other"])
+    for name in ("animal", "other"):
+        assert single.get_meta_info(name)["normalized_prompt_logprobs"] == pytest.approx(
+            batched.get_meta_info(name)["normalized_prompt_logprobs"])
+    texts = [b["text"] for b in fake.bodies("/generate")]
+    refused = [t for t in texts if isinstance(t, list)]
+    assert refused == [["Animal:" + c for c in CHOICES]]  # one refused batch, then never again
+    first = "Animal:" + single["animal"] + " and"
+    assert [t for t in texts if not isinstance(t, list)] == ["Animal:", *("Animal:" + c for c in CHOICES),
+                                                             first, *(first + c for c in CHOICES)]
+    for b in fake.bodies("/generate")[2:]:
+        if b["text"] != first:
+            assert b["return_logprob"] is True and b["sampling_params"]["max_new_tokens"] == 0
+
+
+def test_unconditional_select_falls_back_for_input_ids_too(fake, backend):
+    fake.refuse_batch = {"text", "input_ids"}
+
+    @fl.function
+    def prog(s):
+        s += "Q:"
+        s += fl.select("x", choices=["ab", "cd"], choices_method=fl.unconditional_likelihood_normalized)
+
+    st = prog.run(backend=backend)
+    assert st.error() is None
+    ids = [b["input_ids"] for b in fake.bodies("/generate") if "input_ids" in b]
+    assert ids == [[97, 98], [99, 100]]  # refused once (the text batch): no batch is tried again
+    assert len(st.get_meta_info("x")["unconditional_token_logprobs"]) == 2
+
+
+def test_select_raises_other_refusals(fake, backend):
+    """Only 422 means "no batches here"; any other error is the program's error, not a fallback."""
+    fake.script = lambda prompt, params: "x"
+    original = fake.generate
+
+    def refuse_400(body):
+        if isinstance(body.get("text"), list):
+            from tests.frontend_lang.fake_server import FakeError
+            raise FakeError(400, "bad")
+        return original(body)
+
+    fake.generate = refuse_400
+
+    @fl.function
+    def prog(s):
+        s += "Q:"
+        s += fl.select("x", choices=["a", "b"])
+
+    st = prog.run(backend=backend)
+    assert "answered 400" in str(st.error()) and not backend.batch_refused
