@@ -22,6 +22,7 @@ from runtime.config import Config
 from runtime.tokenizer.generate_input import RequestError
 from runtime.tokenizer.manager import TokenizerManager
 from server.metrics import Metrics
+from server.response_store import ResponseStore
 
 T = TypeVar("T")
 
@@ -52,6 +53,7 @@ class ServerState:
     served_model_name: str = ""
     config_info: dict[str, Any] = field(default_factory=dict)  # the resolved config, flat
     health_check_timeout: float = 20.0
+    responses: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses kept for follow-ups
 
     def require_tm(self) -> TokenizerManager:
         """The TokenizerManager, or a 503 while starting, failing or shutting down."""

@@ -145,7 +145,7 @@ def _tool_calls(v: Any, param: str) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- the request
 
 
-def _tokenize(body: P.Body, state: ServerState, tm: TokenizerManager, messages: list[dict],
+def tokenize_chat(body: P.Body, state: ServerState, tm: TokenizerManager, messages: list[dict],
               plan: T.ToolPlan) -> list[int]:
     chars = sum(len(m.get("content") or "") for m in messages)
     if chars > 32 * tm.context_len:
@@ -203,7 +203,7 @@ async def chat_completions(request: Request) -> Response:
             plan = T.ToolPlan(plan.tools, "auto")
         else:
             cons, cons_param = {"json_schema": json.dumps(plan.schema(), separators=(",", ":"))}, "tools"
-    ids = _tokenize(body, state, tm, messages, plan)
+    ids = tokenize_chat(body, state, tm, messages, plan)
     sp.update(cons, n=n)
     if max_new is not None:
         sp["max_new_tokens"] = max_new

@@ -65,6 +65,10 @@ def _check_qa(out: str) -> None:
     assert out.strip().split()[-1] in ("yes", "no"), out
 
 
+def _check_paris(out: str) -> None:
+    assert "Paris" in out, out
+
+
 def _check_json_line(out: str) -> None:
     json.loads(out.strip().splitlines()[-1])
 
@@ -74,6 +78,7 @@ CHECKS: dict[str, Callable[[str], None]] = {
     '"json_schema": {"name": "city"': _check_json_city,
     "fl.select(\"sure\"": _check_qa,
     "curl ": _check_json_line,
+    "client.responses.create(": _check_paris,
 }
 
 
