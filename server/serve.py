@@ -24,6 +24,7 @@ import uvicorn
 
 from runtime.config import Config
 from runtime.launch import Launch, LaunchError, become_subreaper, reap_children
+from runtime.tokenizer.chat_template import check_chat_template
 from server.app import create_app
 from server.http import ServerState
 
@@ -69,6 +70,7 @@ def run_server(cfg: Config) -> int:
     logging.basicConfig(level=cfg.server.log_level.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
     become_subreaper()
     try:
+        check_chat_template(cfg.server.chat_template)
         launch = Launch(cfg)
     except (FileNotFoundError, ValueError) as e:
         logger.error("%s", e)

@@ -50,6 +50,7 @@ class OpenAI(BaseBackend):
         raise AssertionError("unreachable")
 
     def _body(self, s: Any, params: ir.SamplingParams) -> tuple[str, dict]:
+        _refuse_unpassable(params)
         std, extra = params.to_openai_kwargs()
         body: dict[str, Any] = {"model": self.model_name, **std, **extra}
         if params.json_schema is not None:
@@ -130,3 +131,16 @@ class OpenAI(BaseBackend):
 
     def shutdown(self) -> None:
         self.http.close()
+
+
+def _refuse_unpassable(params: ir.SamplingParams) -> None:
+    """Raise (ValueError naming them) for gen options this backend cannot send, rather than drop them: more than
+    one sample, stop_regex, and the native logprob options."""
+    bad = []
+    if params.n not in (None, 1):
+        bad.append(f"n={params.n}")
+    if params.stop_regex is not None:
+        bad.append("stop_regex")
+    bad += [k for k in ir.LOGPROB_KEYS if getattr(params, k) not in (None, False)]
+    if bad:
+        raise ValueError(f"the OpenAI backend cannot pass {', '.join(bad)} (use RuntimeEndpoint for them)")

@@ -71,6 +71,8 @@ class RuntimeEndpoint(BaseBackend):
                     "spaces_between_special_tokens": global_config.spaces_between_special_tokens_in_out,
                     **params.to_native_kwargs()}
         body: dict[str, Any] = {"text": s.text_, "sampling_params": sampling}
+        if s.cur_images:  # never dropped: a server that cannot take them refuses image_data with a 400
+            body["image_data"] = list(s.cur_images)
         for key in ir.LOGPROB_KEYS:
             value = getattr(params, key)
             if value is not None:
@@ -98,6 +100,9 @@ class RuntimeEndpoint(BaseBackend):
                choices_method: ChoicesSamplingMethod) -> ChoicesDecision:
         if temperature > 1e-5:
             raise ValueError("select scores choices greedily: temperature must be 0")
+        if s.cur_images:
+            raise NotImplementedError("select() after an image() is not supported by RuntimeEndpoint (its scoring "
+                                      "requests carry no image_data)")
         prefix_meta = self._prefill(s.text_)["meta_info"]
         logprob_start_len = max(int(prefix_meta["prompt_tokens"]) - 2, 0)  # room for the boundary token
         answers = self._generate_many("text", [s.text_ + c for c in choices], {

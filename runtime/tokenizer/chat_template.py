@@ -301,3 +301,18 @@ def unmark(text: str, found: list[str]) -> str:
     """Put the user's control-looking text back in place of its markers (stray marker halves are dropped)."""
     text = _MARK_RE.sub(lambda m: found[int(m.group(1))] if int(m.group(1)) < len(found) else "", text)
     return _STRAY_MARKS.sub("", text)
+
+
+def check_chat_template(name_or_path: str | None) -> None:
+    """Start-up check of `--chat-template`: it resolves (built-in name, file or Jinja text) and parses as Jinja;
+    ValueError naming the problem otherwise. None (the model's own template) passes."""
+    if name_or_path is None:
+        return
+    text = resolve_chat_template(name_or_path, None)
+    if text is None:
+        raise ValueError(f"--chat-template {name_or_path!r} names a config file without a chat_template")
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"--chat-template {name_or_path!r} is not a valid Jinja template: {e} (line {e.lineno})"
+                         ) from None

@@ -37,7 +37,7 @@ KNOWN = frozenset({
     "stream_options", "temperature", "top_p", "tools", "tool_choice", "top_k", "min_p", "min_tokens",
     "repetition_penalty", "regex", "ebnf", "chat_template_kwargs", "continue_final_message",
     "add_generation_prompt", "stop_token_ids", "ignore_eos", "skip_special_tokens",
-    "spaces_between_special_tokens", "no_stop_trim", "functions", "function_call",
+    "spaces_between_special_tokens", "no_stop_trim", "functions", "function_call", "parallel_tool_calls",
 })
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool",
          "function": "tool"}
@@ -198,11 +198,11 @@ async def chat_completions(request: Request) -> Response:
     max_new, max_key = P.max_tokens(body, ("max_completion_tokens", "max_tokens"))
     cons, cons_param = P.constraint(body)
     if plan.constrained:
-        if cons:
-            logger.warning("tool_choice=%s with another constraint: the tool constraint is dropped", plan.mode)
-            plan = T.ToolPlan(plan.tools, "auto")
-        else:
-            cons, cons_param = {"json_schema": json.dumps(plan.schema(), separators=(",", ":"))}, "tools"
+        if cons:  # both would constrain the same output: neither may be dropped silently
+            raise RequestError(f"tool_choice={plan.mode} constrains the output to a tool call; it cannot be "
+                               f"combined with '{cons_param}'", "tool_choice", "invalid_value")
+        cons, cons_param = {"json_schema": json.dumps(plan.schema(), separators=(",", ":"))}, "tools"
+    parallel = body.boolean("parallel_tool_calls", True)
     ids = tokenize_chat(body, state, tm, messages, plan)
     sp.update(cons, n=n)
     if max_new is not None:
@@ -218,17 +218,19 @@ async def chat_completions(request: Request) -> Response:
         def usage_of(metas: list[dict[str, Any]]) -> dict[str, Any]:
             return C.usage(state, [[{"meta_info": m} for m in metas if m]])
 
-        return sse_response(ChatStream(handle, base, n, plan, fmt, top, include_usage, usage_of).events())
+        return sse_response(ChatStream(handle, base, n, plan, fmt, top, include_usage, usage_of,
+                                       parallel).events())
     try:
         per_prompt = await until_disconnect(request, C.collect([handle]))
     except ClientGone:
         return Response(status_code=499)
     C.raise_for_aborts(per_prompt)
-    choices = [_choice(r, plan, fmt, top) for r in per_prompt[0]]
+    choices = [_choice(r, plan, fmt, top, parallel) for r in per_prompt[0]]
     return JSON({**base, "object": "chat.completion", "choices": choices, "usage": C.usage(state, per_prompt)})
 
 
-def _choice(r: dict[str, Any], plan: T.ToolPlan, fmt: LogprobFormatter | None, top: int) -> dict[str, Any]:
+def _choice(r: dict[str, Any], plan: T.ToolPlan, fmt: LogprobFormatter | None, top: int,
+            parallel: bool) -> dict[str, Any]:
     meta, text = r["meta_info"], r["text"]
     fr = meta["finish_reason"]
     reason = C.finish_reason(fr)
@@ -242,6 +244,8 @@ def _choice(r: dict[str, Any], plan: T.ToolPlan, fmt: LogprobFormatter | None, t
             content, calls = None, [T.tool_call(plan.named or "", text)]
     elif plan.tools and plan.mode == "auto":
         content, calls = T.parse_auto(plan, text)
+    if not parallel:  # parallel_tool_calls=false: at most one call (required/named make exactly one)
+        calls = calls[:1]
     if calls and reason == "stop":
         reason = "tool_calls"
     message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}

@@ -105,6 +105,7 @@ class ChatStream:
     top_k: int
     include_usage: bool
     usage_of: Any  # callable: list of final meta dicts -> usage dict
+    parallel: bool = True  # parallel_tool_calls: False keeps at most the first call
 
     def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
         out = {**self.base, "choices": [choice]}
@@ -169,6 +170,7 @@ class ChatStream:
                 content = None if calls else text
             else:
                 content, calls = T.parse_auto(self.plan, text)
+            calls = calls if self.parallel else calls[:1]
             if calls:
                 out.append(self._delta(i, {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]}))
                 reason = "tool_calls"

@@ -181,3 +181,32 @@ def test_frontend_never_imports_the_runtime():
                          cwd=Path(__file__).parents[2])
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("kwargs, named", [({"n": 2}, "n=2"), ({"stop_regex": r"\d+"}, "stop_regex"),
+                                           ({"return_logprob": True}, "return_logprob"),
+                                           ({"top_logprobs_num": 3}, "top_logprobs_num")])
+def test_openai_backend_raises_on_options_it_cannot_pass(fake, chat_backend, kwargs, named):
+    @fl.function
+    def prog(s):
+        s += fl.user("Hi")
+        s += fl.assistant(fl.gen("a", max_tokens=3, **kwargs))
+
+    err = prog.run(backend=chat_backend).error()
+    assert isinstance(err, ValueError) and named in str(err)
+    assert fake.bodies("/v1/chat/completions") == []  # nothing was sent without them
+
+
+def test_runtime_endpoint_sends_images_as_image_data(fake):
+    be = fl.RuntimeEndpoint(fake.url, chat_template_name="chatml-llava")
+
+    @fl.function
+    def prog(s):
+        s += fl.user(fl.image("cat.png") + "What is this?")
+        s += fl.assistant(fl.gen("a", max_tokens=3))
+
+    try:
+        prog.run(backend=be)
+        assert fake.bodies("/generate")[-1]["image_data"] == ["cat.png"]
+    finally:
+        be.shutdown()

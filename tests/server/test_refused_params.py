@@ -5,11 +5,16 @@ Unit checks on the validators, then the same through HTTP on the model-free echo
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from runtime.tokenizer.chat_template import check_chat_template
 from runtime.tokenizer.generate_input import RequestError, normalize_generate
 from server.cli import build_parser
 from server.openai import params as P
+from server.openai import tools as T
+from server.openai.chat import _choice
 from tests.server.conftest import ServerProc
 
 M = [{"role": "user", "content": "hi"}]
@@ -76,6 +81,42 @@ def test_context_length_help_says_it_only_lowers():
     assert "can only lower" in action.help
 
 
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def test_parallel_tool_calls_false_keeps_one_call():
+    plan = T.parse_tools(TOOLS, "auto")
+    two = '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "arguments": {}}]'
+    r = {"index": 0, "text": two, "meta_info": {"finish_reason": {"type": "stop"}}}
+    assert len(_choice(r, plan, None, 0, parallel=True)["message"]["tool_calls"]) == 2
+    one = _choice(r, plan, None, 0, parallel=False)
+    assert [c["function"]["arguments"] for c in one["message"]["tool_calls"]] == ['{"city": "Paris"}']
+    assert one["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize("template, ok", [(None, True), ("chatml", True), ("{{ messages[0].content }}", True),
+                                          ("no-such-template", False), ("{% for m in messages %}", False)])
+def test_chat_template_is_checked_at_start_up(template, ok):
+    if ok:
+        check_chat_template(template)
+    else:
+        with pytest.raises(ValueError, match="--chat-template"):
+            check_chat_template(template)
+
+
+def test_server_with_a_bad_chat_template_exits_at_start_up():
+    s = ServerProc("--chat-template", "no-such-template", "--log-level", "warning", fake=True)
+    try:
+        assert s.proc.wait(60) == 1
+        deadline = time.monotonic() + 10  # the reader thread may still be draining the pipe
+        while "--chat-template 'no-such-template'" not in s.output and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "--chat-template 'no-such-template'" in s.output
+    finally:
+        s.stop()
+
+
 @pytest.fixture(scope="module")
 def server():
     s = ServerProc("--log-level", "warning", fake=True)
@@ -96,6 +137,11 @@ def test_refusals_over_http(server):
         r = c.post("/v1/chat/completions", json={"messages": M, "max_tokens": 2,
                                                  "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})
         assert r.status_code == 400 and r.json()["error"]["param"] == "response_format.json_schema.schema", r.text
+        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+            r = c.post("/v1/chat/completions", json={"messages": M, "max_tokens": 2, "tools": TOOLS,
+                                                     "tool_choice": choice,
+                                                     "response_format": {"type": "json_object"}})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice", r.text
         r = c.post("/v1/chat/completions", json={"messages": M, "max_tokens": 2, "modalities": ["text"]})
         assert r.status_code == 200, r.text
         r = c.post("/generate", json={"text": "hi", "return_hidden_states": False, "lora_path": None,
