@@ -30,6 +30,8 @@ _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 SKIPPED = {
     "make serve   # set up .venv, install, start the server on http://127.0.0.1:30000 (default model)":
         "builds a second .venv and serves in the foreground; this test starts the same server itself",
+    "radixgen serve --port 30001 & radixgen serve --port 30002 &":
+        "two more SmolLM2 workers behind sglang-router: tests/server/test_router.py runs that setup",
 }
 
 
