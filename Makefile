@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.radixgen-setup
 HOST    ?= 127.0.0.1
 PORT    ?= 30000
 
-.PHONY: setup serve test lint bench bench-peers clean
+.PHONY: setup serve serve-dp test lint bench bench-peers clean
 
 setup: $(STAMP)
 
@@ -22,6 +22,10 @@ $(STAMP): pyproject.toml
 
 serve: setup
 	$(BIN)/radixgen serve --host $(HOST) --port $(PORT)
+
+# two worker servers behind sglang-router (cache_aware), one supervised group
+serve-dp: setup
+	$(BIN)/radixgen serve --dp-size 2 --host $(HOST) --port $(PORT)
 
 test: setup
 	$(BIN)/python -m pytest -q --durations=20 tests

@@ -41,7 +41,8 @@ class ModelConfig:
     random_seed: int = 0
     """Seed for sampling of requests that give none."""
     num_threads: int | None = None
-    """torch intra-op threads for the scheduler process (default: all cores)."""
+    """torch intra-op threads for the scheduler process (default: all cores). With --dp-size N, the total for
+    the machine: each worker group gets num_threads // N (at least 1)."""
     disable_cuda_graph: bool = False
     """Do not capture CUDA graphs for decode."""
     cuda_graph_max_bs: int = 160
@@ -153,6 +154,19 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    dp_size: int = 1
+    """Data parallel: start this many worker servers (each a full scheduler group on 127.0.0.1, a free port)
+    behind sglang-router, which binds --host/--port and routes with --router-policy. The router and every
+    worker are supervised children: one dying stops the server, naming it. Needs `pip install sglang-router`."""
+    router_policy: str = "cache_aware"
+    """sglang-router policy under --dp-size: cache_aware (a prompt goes where its prefix is cached, unless the
+    load is unbalanced), round_robin, random or power_of_two."""
+    router_binary: str | None = None
+    """The sglang-router executable (default: the one beside this Python, else on PATH)."""
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything a launch needs, one frozen dataclass per concern."""
 
@@ -161,6 +175,7 @@ class Config:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def to_dict(self) -> dict:
         """Flat {field: value} over all sections (what /get_server_info reports)."""
@@ -171,7 +186,7 @@ class Config:
 
 
 SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
-            "grammar": GrammarConfig, "server": ServerConfig}
+            "grammar": GrammarConfig, "server": ServerConfig, "parallel": ParallelConfig}
 
 
 def make_config(**flat: object) -> Config:
@@ -187,6 +202,8 @@ def make_config(**flat: object) -> Config:
 
 def resolve(cfg: Config) -> Config:
     """Resolve cross-field defaults (auto values) in one tested place."""
+    if cfg.parallel.dp_size < 1:
+        raise ValueError(f"--dp-size must be at least 1, got {cfg.parallel.dp_size}")
     sched = cfg.scheduler
     if sched.schedule_policy == "auto":
         policy = "fcfs" if cfg.cache.disable_radix_cache else "lpm"

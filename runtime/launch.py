@@ -197,6 +197,9 @@ class Launch:
     """
 
     def __init__(self, cfg: Config, scheduler_factory: str | None = None) -> None:
+        if cfg.parallel.dp_size > 1:
+            raise ValueError("--dp-size > 1 starts that many servers behind sglang-router: it is a `radixgen serve` "
+                             "option; one launch (and runtime.Engine) is one scheduler group")
         self.cfg = resolve(cfg)
         self.env = load_env()
         self.group = ProcessGroup(self.cfg, scheduler_factory)

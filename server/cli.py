@@ -26,9 +26,10 @@ CHOICES = {
     "schedule_policy": ("auto", "lpm", "fcfs", "dfs-weight"),
     "grammar_backend": ("llguidance", "xgrammar", "outlines", "none"),
     "log_level": ("debug", "info", "warning", "error", "critical"),
+    "router_policy": ("cache_aware", "round_robin", "random", "power_of_two"),
 }
 TITLES = {"model": "model", "cache": "KV cache", "scheduler": "scheduler", "grammar": "constrained decoding",
-          "server": "HTTP server"}
+          "server": "HTTP server", "parallel": "data parallel (sglang-router)"}
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -93,6 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     cfg = config_from_args(ns)
+    if cfg.parallel.dp_size > 1:
+        from server.dp import run_dp
+
+        return run_dp(cfg)
     from server.serve import run_server
 
     return run_server(cfg)
