@@ -91,11 +91,15 @@ class LlamaLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, arch: ModelArch, weights: dict[str, Weight], device: str | torch.device = "cpu",
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 ) -> None:
         """weights: {hf_name: tensor | QTensor} (runtime.models.loader); dtype: the activation dtype, which a
-        quantized embedding's rows are produced in (default: torch's default dtype)."""
+        quantized embedding's rows are produced in (default: torch's default dtype). Under tensor parallelism
+        (runtime/models/tensor_parallel.py) arch and weights are one rank's shard and `reduce` sums the
+        partial outputs of the o and down projections over the ranks."""
         super().__init__()
         self.arch = arch
+        self.reduce = reduce
         dev = torch.device(device)
         w = dict(weights)
         embed = w.pop("model.embed_tokens.weight")
@@ -152,9 +156,13 @@ class LlamaForCausalLM(nn.Module):
                 q, k = rope_gathered(q, cos, sin), rope_gathered(k, cos, sin)
             o = attend(q, k, v, i)  # [T, Hq, D]
             h = quant.linear(o.reshape(t, self.q_size), lw.w_o)
+            if self.reduce is not None:
+                h = self.reduce(h)  # [T, H]: the sum of every rank's heads
             x, residual = self.rmsnorm(h, lw.ln_mlp, a.rms_eps, residual)
             gate, up = quant.linear(x, lw.w_gate_up).chunk(2, dim=-1)
             h = quant.linear(F.silu(gate) * up, lw.w_down)
+            if self.reduce is not None:
+                h = self.reduce(h)
         last = (h + residual)[logits_indices]
         x = self.rmsnorm(last, self.norm, a.rms_eps)[0]
         logits = quant.linear(x, self.lm_head)

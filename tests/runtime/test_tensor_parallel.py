@@ -1,0 +1,126 @@
+"""Tensor parallelism of the Llama forward (runtime/models/tensor_parallel.py): two ranks over gloo on
+127.0.0.1, each with its shard of a tiny random Llama (float32), give the TP=1 logits within 1e-4 at every
+position, and the same greedy tokens; the split rule refuses SmolLM2's 9 heads / 3 KV heads at tp 2."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import quant
+from runtime.models.arch import ModelArch
+from runtime.models.llama import LlamaForCausalLM
+from runtime.models.tensor_parallel import all_reduce_sum, check, local_arch, shard_weights
+
+TINY = ModelArch(arch="llama", hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                 head_dim=16, vocab_size=96, rms_eps=1e-5, rope_theta=10000.0, max_position=64,
+                 tie_word_embeddings=False)
+SMOLLM2 = dataclasses.replace(TINY, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+                              num_kv_heads=3, head_dim=64, vocab_size=49152)
+PROMPT = [3, 17, 42, 5, 88, 9, 60, 1, 33, 71, 2, 50, 19, 7, 64, 28]
+
+
+def tiny_weights(arch: ModelArch = TINY, qwen2: bool = False) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape: int, scale: float = 0.08) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * scale
+
+    h, i, d = arch.hidden_size, arch.intermediate_size, arch.head_dim
+    w = {"model.embed_tokens.weight": r(arch.vocab_size, h, scale=1.0), "model.norm.weight": 0.5 + r(h).abs(),
+         "lm_head.weight": r(arch.vocab_size, h)}
+    for n in range(arch.num_layers):
+        p = f"model.layers.{n}."
+        w |= {p + "input_layernorm.weight": 0.5 + r(h).abs(), p + "post_attention_layernorm.weight": 0.5 + r(h).abs(),
+              p + "self_attn.q_proj.weight": r(arch.num_heads * d, h), p + "self_attn.k_proj.weight": r(arch.num_kv_heads * d, h),
+              p + "self_attn.v_proj.weight": r(arch.num_kv_heads * d, h), p + "self_attn.o_proj.weight": r(h, arch.num_heads * d),
+              p + "mlp.gate_proj.weight": r(i, h), p + "mlp.up_proj.weight": r(i, h), p + "mlp.down_proj.weight": r(h, i)}
+        if qwen2:
+            w |= {p + f"self_attn.{x}_proj.bias": r(w[p + f"self_attn.{x}_proj.weight"].shape[0]) for x in "qkv"}
+    return w
+
+
+def causal_attend(scale: float):
+    """One sequence's causal GQA attention: q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        group = q.shape[1] // k.shape[1]
+        qh, kh, vh = (x.transpose(0, 1) for x in (q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)))
+        return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale).transpose(0, 1)
+    return attend
+
+
+def logits_of(model: LlamaForCausalLM, arch: ModelArch) -> torch.Tensor:
+    ids = torch.tensor(PROMPT)
+    pos = torch.arange(len(PROMPT))
+    return model.forward_tokens(ids, pos, pos, causal_attend(arch.head_dim ** -0.5))  # [T, vocab]
+
+
+def _rank(rank: int, tp: int, port: int, qwen2: bool, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=tp)
+    try:
+        arch = dataclasses.replace(TINY, attention_bias=qwen2)
+        shard = shard_weights(tiny_weights(arch, qwen2), arch, rank, tp)
+        model = LlamaForCausalLM(local_arch(arch, tp), shard, "cpu", torch.float32, reduce=all_reduce_sum())
+        torch.save(logits_of(model, arch), f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("qwen2", [False, True], ids=["llama", "qkv-bias"])
+def test_tp2_logits_equal_tp1(tmp_path, qwen2):
+    import torch.multiprocessing as mp
+
+    arch = dataclasses.replace(TINY, attention_bias=qwen2)
+    with torch.inference_mode():
+        ref = logits_of(LlamaForCausalLM(arch, tiny_weights(arch, qwen2), "cpu", torch.float32), arch)
+    out = str(tmp_path / "logits")
+    mp.start_processes(_rank, args=(2, _free_port(), qwen2, out), nprocs=2, join=True, start_method="spawn")
+    for rank in range(2):
+        got = torch.load(f"{out}.{rank}")
+        assert got.shape == ref.shape == (len(PROMPT), TINY.vocab_size)
+        assert (got - ref).abs().max().item() < 1e-4
+        assert torch.equal(got.argmax(-1), ref.argmax(-1))  # the same greedy token at every position
+
+
+def test_shards_rebuild_the_full_weights():
+    w = tiny_weights(dataclasses.replace(TINY, attention_bias=True), qwen2=True)
+    shards = [shard_weights(w, TINY, r, 2) for r in range(2)]
+    p = "model.layers.1."
+    for name in ("self_attn.q_proj.weight", "self_attn.k_proj.bias", "mlp.gate_proj.weight"):
+        assert torch.equal(torch.cat([s[p + name] for s in shards], 0), w[p + name])
+    for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+        assert torch.equal(torch.cat([s[p + name] for s in shards], 1), w[p + name])
+    assert shards[1][p + "self_attn.k_proj.weight"].shape == (TINY.head_dim, TINY.hidden_size)  # KV head 1
+    assert shards[0]["lm_head.weight"] is w["lm_head.weight"]  # replicated
+    la = local_arch(TINY, 2)
+    assert (la.num_heads, la.num_kv_heads, la.intermediate_size, la.hidden_size) == (2, 1, 64, 64)
+
+
+def test_split_rule_refuses_smollm2_at_tp2_naming_the_constraint():
+    with pytest.raises(ValueError, match=r"must divide the model's attention heads \(9\).*tp in \[1, 3\]"):
+        check(SMOLLM2, 2)
+    check(SMOLLM2, 3)
+    assert local_arch(SMOLLM2, 3).num_heads == 3 and local_arch(SMOLLM2, 3).num_kv_heads == 1
+    with pytest.raises(ValueError, match="key/value heads"):
+        check(dataclasses.replace(TINY, num_heads=8, num_kv_heads=2), 4)
+
+
+def test_quantized_weights_are_refused():
+    w = tiny_weights()
+    name = "model.layers.0.mlp.down_proj.weight"
+    w[name] = quant.quantize(w[name], "int8", 32)
+    with pytest.raises(ValueError, match="--quantization none"):
+        shard_weights(w, TINY, 0, 2)
