@@ -119,6 +119,22 @@ class GrammarConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    speculative_algorithm: str | None = None
+    """Speculative decoding: ngram (prompt lookup: continue the request's last n tokens as they continued
+    earlier in its own prompt or output) or none (default). Proposals are verified in one extend per step
+    (the verify steps run eagerly, not through compiled/CUDA-graph decode); greedy output is unchanged and
+    sampled output keeps the target distribution (rejection sampling). A request opts out with the sampling
+    parameter `disable_speculation`."""
+    speculative_num_draft_tokens: int = 4
+    """Most tokens proposed per request and step (each verify step yields 1 to this + 1 tokens)."""
+    speculative_ngram_min_match_window_size: int = 1
+    """ngram: shortest suffix of the request's tokens that must match earlier to propose a continuation."""
+    speculative_ngram_max_match_window_size: int = 4
+    """ngram: longest suffix tried first (longer matches are tried before shorter ones)."""
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
     """Address to bind."""
@@ -174,6 +190,7 @@ class Config:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
@@ -186,7 +203,8 @@ class Config:
 
 
 SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
-            "grammar": GrammarConfig, "server": ServerConfig, "parallel": ParallelConfig}
+            "grammar": GrammarConfig, "speculative": SpeculativeConfig, "server": ServerConfig,
+            "parallel": ParallelConfig}
 
 
 def make_config(**flat: object) -> Config:
@@ -224,7 +242,29 @@ def resolve(cfg: Config) -> Config:
 
         backend = "flashinfer" if importlib.util.find_spec("flashinfer") else "triton"
         model = dataclasses.replace(model, attention_backend=backend)
+    _check_speculative(cfg)
     return dataclasses.replace(cfg, model=model, scheduler=sched)
+
+
+SPECULATIVE_ALGORITHMS = ("ngram",)
+
+
+def _check_speculative(cfg: Config) -> None:
+    """Fail loud on speculative settings the runtime cannot honour."""
+    sp = cfg.speculative
+    algo = sp.speculative_algorithm
+    if algo is None or algo.lower() == "none":
+        return
+    if algo.lower() not in SPECULATIVE_ALGORITHMS:
+        raise ValueError(f"unknown --speculative-algorithm {algo!r} (one of {', '.join(SPECULATIVE_ALGORITHMS)}; "
+                         "the draft-model mode is not implemented yet)")
+    if sp.speculative_num_draft_tokens < 1:
+        raise ValueError("--speculative-num-draft-tokens must be at least 1")
+    lo, hi = sp.speculative_ngram_min_match_window_size, sp.speculative_ngram_max_match_window_size
+    if not 1 <= lo <= hi:
+        raise ValueError("--speculative-ngram-min/max-match-window-size: need 1 <= min <= max")
+    if cfg.cache.page_size != 1:
+        raise ValueError("speculative decoding needs --page-size 1 (rejected draft slots are freed one by one)")
 
 
 def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:

@@ -63,6 +63,8 @@ class ReqTokenOut(Msg):
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     stop_trim: str | None = None  # matched stop string to cut from the text tail
+    spec_verify_ct: int = 0  # speculative verify steps of this request so far
+    spec_accepted_tokens: int = 0  # proposed tokens they accepted
     # logprobs, aligned with new_ids: (logprob, token id) and per position a top-k list
     output_logprobs: list[tuple[float, int]] | None = None
     output_top_logprobs: list[list[tuple[float, int]]] | None = None
@@ -93,6 +95,8 @@ class ReqTextOut(Msg):
     completion_tokens: int = 0
     cached_tokens: int = 0
     num_retractions: int = 0
+    spec_verify_ct: int = 0
+    spec_accepted_tokens: int = 0
     output_logprobs: list[tuple[float, int]] | None = None
     output_top_logprobs: list[list[tuple[float, int]]] | None = None
     input_logprobs: list[tuple[float | None, int]] | None = None

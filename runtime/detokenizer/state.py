@@ -83,6 +83,7 @@ class Detokenizer:
             rid=out.rid, text_delta=delta, trim=trim, new_ids=out.new_ids, finish_reason=fr,
             prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens, num_retractions=out.num_retractions,
+            spec_verify_ct=out.spec_verify_ct, spec_accepted_tokens=out.spec_accepted_tokens,
             output_logprobs=out.output_logprobs, output_top_logprobs=out.output_top_logprobs,
             input_logprobs=out.input_logprobs, input_top_logprobs=out.input_top_logprobs,
         )

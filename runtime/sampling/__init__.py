@@ -9,6 +9,7 @@ from runtime.sampling.sampler import (
     process_logits,
     sample,
     sample_processed,
+    target_probs,
     top_logprobs,
 )
 
@@ -20,5 +21,6 @@ __all__ = [
     "process_logits",
     "sample",
     "sample_processed",
+    "target_probs",
     "top_logprobs",
 ]

@@ -38,6 +38,7 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     choices: list[str] | None = None
     logit_bias: dict[str, float] | None = None  # {token id as str: bias}
     sampling_seed: int | None = None
+    disable_speculation: bool = False  # opt this request out of speculative decoding (--speculative-algorithm)
 
     @classmethod
     def from_dict(cls, d: dict | None) -> SamplingParams:

@@ -193,6 +193,15 @@ def _uniforms(info: SamplingInfo, rows: list[int], device: torch.device) -> torc
     return to_device(us, torch.float64, device)[:, None]
 
 
+def target_probs(processed: torch.Tensor, info: SamplingInfo, rows: list[int]) -> torch.Tensor:
+    """The distributions that `sample_processed` draws rows `rows` (non-greedy rows, host indices) from:
+    [len(rows), V] float32 after temperature, top-k, top-p and min-p, normalised (speculative verification
+    applies its acceptance rule to exactly these)."""
+    idx = to_device(rows, torch.int64, processed.device)
+    probs = _filtered_probs(processed.float(), info, rows, idx)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
 def sample_processed(processed: torch.Tensor, info: SamplingInfo, need_logprobs: bool = False) -> SampleOutput:
     """Sample from already processed logits [B, V] (the output of `process_logits`)."""
     next_ids = torch.argmax(processed, dim=-1)

@@ -85,6 +85,16 @@ class KVManager:
             req.extend_len = n
         return slots
 
+    def trim(self, req: Req, keep: int) -> None:
+        """A speculative verify row is done: positions [keep, seq_len) of req's row (rejected drafts, and the
+        accepted tail whose KV the next step recomputes) go back to the allocator at once; they were never
+        in the tree (tree_len <= cached_len <= keep). Then cached_len = keep, extend_len = 0."""
+        end = req.seq_len
+        if not req.tree_len <= keep <= end:
+            raise RuntimeError(f"trim of {req!r} to {keep} outside [tree_len, seq_len {end}]")
+        self.allocator.free(self.table.read(req.row, keep, end))
+        req.cached_len, req.extend_len = keep, 0
+
     # ---- caching progress -------------------------------------------------------------------------------------
     def cache_unfinished(self, req: Req) -> None:
         """Insert req's computed tokens into the tree (after a prefill chunk), move its lock to the new last

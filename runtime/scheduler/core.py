@@ -10,11 +10,14 @@ Lengths of a request (all positions index `fill_ids = origin_input_ids + output_
                 (tree_len <= seq_len: a planned extend enters the tree before its forward, for same-step
                 sharing; the rest of the row's slots belong to the request).
 - `extend_len`: tokens computed in the current step (prefill chunk, 1 in decode, 1 + forced tokens after a
-                jump-forward).
+                jump-forward, 1 + len(draft_ids) in a speculative verify row).
 - `seq_len`:    cached_len + extend_len, the sequence length after the current step.
 - `fill_len`:   len(fill_ids); fill_len - cached_len is what the next step computes.
 A running request's KV lags its tokens by one (the last sampled token is the next step's input), or by more
 after a jump-forward appended grammar-forced tokens (they ride in the next step as an extend row).
+Speculative drafts (`draft_ids`) are not tokens of the request: a verify row computes its last token plus the
+drafts (extend_len = 1 + len(draft_ids), so seq_len may pass fill_len during that step only); after the
+forward the processor keeps the KV of the accepted ones and frees the rest (runtime/scheduler/speculative.py).
 """
 
 from __future__ import annotations
@@ -81,12 +84,27 @@ class Req:
         self.grammar_future: Any = None
         self.grammar_wait_since = 0.0
         self.jump_tokens = 0  # tokens the last jump-forward appended (computed next step as an extend row)
+        # Speculative decoding: this step's proposed tokens (empty outside a verify step), the grammar's
+        # allowed-token bitmask per verify position (int32 [len(draft_ids) + 1, W]; None when unconstrained),
+        # the proposer's cached prompt array, and counters for meta_info.
+        self.draft_ids: list[int] = []
+        self.draft_bitmask: Any = None
+        self.spec_prompt: Any = None
+        self.spec_verify_ct = 0
+        self.spec_accepted = 0  # drafts accepted over all verify steps
 
     # ---- lengths ----------------------------------------------------------------------------------------------
     @property
     def fill_ids(self) -> list[int]:
         """Every token known so far: prompt plus output."""
         return self.origin_input_ids + self.output_ids
+
+    def step_ids(self) -> list[int]:
+        """The tokens this step computes: fill_ids[cached_len : seq_len], the drafts standing in for the
+        positions past fill_len in a verify row."""
+        if not self.draft_ids:
+            return self.token_slice(self.cached_len, self.seq_len)
+        return self.token_slice(self.cached_len, self.seq_len - len(self.draft_ids)) + self.draft_ids
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """fill_ids[start:end] without building fill_ids (a decode row reads one token of a long sequence)."""
@@ -144,7 +162,8 @@ class Batch:
     """The requests of one step and the new tokens each computes.
 
     Rows [0, num_decode) are decode rows (running requests, one new token each); rows [num_decode, size) are
-    extend rows (prompt chunks, readmissions, jump-forward extends of running requests). A mixed step carries
+    extend rows (prompt chunks, readmissions, jump-forward extends of running requests, speculative verify
+    rows: the last token plus the drafts, a logit per position). A mixed step carries
     both in one forward. `reqs[b]` computes `fill_ids[cached_len : cached_len + extend_len]` into slots
     `out_cache_loc` (concatenated in row order). `logit_offsets[b]` lists positions (relative to the request's
     first new token) whose logits come back; the last offset of a request that samples this step is
@@ -179,14 +198,19 @@ class Batch:
 
     @property
     def extend_tokens(self) -> int:
-        """New tokens of the extend rows (the step's prefill work)."""
-        return sum(r.extend_len for r in self.reqs[self.num_decode :])
+        """New tokens of the extend rows (the step's prefill work; speculative verify rows excluded)."""
+        return sum(r.extend_len for r in self.reqs[self.num_decode :] if not r.draft_ids)
+
+    @property
+    def draft_tokens(self) -> int:
+        """Proposed tokens verified in this step."""
+        return sum(len(r.draft_ids) for r in self.reqs[self.num_decode :])
 
     def forward_batch(self) -> ForwardBatch:
         """Immutable tensor view for the runner (the table rows were already written by the scheduler)."""
         ids, indices, start = [], [], 0
         for req, offs in zip(self.reqs, self.logit_offsets, strict=True):
-            ids.append(req.token_slice(req.cached_len, req.seq_len))
+            ids.append(req.step_ids())
             indices.extend(start + o for o in offs)
             start += req.extend_len
         return ForwardBatch.build(

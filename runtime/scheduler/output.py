@@ -35,6 +35,7 @@ from runtime.sampling import SamplingInfo, compute_logprobs, sample, top_logprob
 from runtime.scheduler.cache import KVManager
 from runtime.scheduler.core import Batch, Req, finish_abort, finish_length
 from runtime.scheduler.finish import check_finished
+from runtime.scheduler.speculative import Speculator
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,9 @@ class ResultProcessor:
     def __init__(self, kv: KVManager, vocab_size: int, eos_ids: frozenset[int], decode_fn, default_seed: int,
                  jump_encode: Callable[[str], list[int]] | None = None,
                  token_bytes: Callable[[int], bytes] | None = None, fault_rid: str | None = None,
-                 fault_at: int = 1):
+                 fault_at: int = 1, spec: Speculator | None = None):
         self.kv = kv
+        self.spec = spec  # verifies speculative rows (runtime/scheduler/speculative.py); None: speculation off
         self.fault_rid = fault_rid  # testing-only failpoint (RADIXGEN_FAULT_INJECT_RID); None: off
         self.fault_at = fault_at
         self.jump_encode = jump_encode  # None: jump-forward off (disabled, or no tokenizer)
@@ -72,8 +74,12 @@ class ResultProcessor:
         samplers: list[Req] = []
         rows: list[int] = []
         done: list[Req] = []
+        verify: list[tuple[Req, int]] = []
         for b, req in enumerate(batch.reqs):
             start, count = batch.logit_rows[b]
+            if req.draft_ids:  # a speculative verify row: logits rows [start, start + count), count = 1 + k
+                verify.append((req, start))
+                continue
             old_cached = req.cached_len
             req.cached_len, req.extend_len = req.seq_len, 0
             if b < batch.num_decode:
@@ -100,7 +106,10 @@ class ResultProcessor:
                 rows.append(start + count - 1)
         if samplers:
             self._sample(samplers, _rows(logits, rows))
-        return samplers + done
+        if verify:
+            assert self.spec is not None, "a verify row without a speculator"
+            self.spec.verify(self, verify, logits)
+        return samplers + [r for r, _ in verify] + done
 
     def _prompt_logprobs(self, req: Req, old_cached: int, offs: list[int], lg: torch.Tensor) -> None:
         """Append logprobs of prompt tokens scored by this chunk's logits (offs[i] -> position old_cached+offs[i])."""
@@ -148,9 +157,11 @@ class ResultProcessor:
                 why = f"internal error while processing request: {type(e).__name__}: {e}"
                 req.finish_reason = finish_abort(why)
 
-    def _accept(self, req: Req, tok: int, lp_row: torch.Tensor | None) -> None:
+    def _accept(self, req: Req, tok: int, lp_row: torch.Tensor | None, jump: bool = True) -> None:
         """Append the sampled `tok` to `req` (with its logprobs from `lp_row` [V]), advance its grammar, check
-        finishes, jump forward. Raising here aborts `req` only (the normal finish path frees it)."""
+        finishes, jump forward (unless `jump` is False: a speculative step's tokens before its last). Raising
+        here aborts `req` only (the normal finish path frees it); the token is appended before anything
+        can raise."""
         req.output_ids.append(tok)
         if lp_row is not None:
             req.out_logprobs.append((float(lp_row[tok]), tok))
@@ -165,7 +176,7 @@ class ResultProcessor:
                 req.finish_reason = finish_abort(f"grammar rejected sampled token {tok}: {e}")
                 return
         check_finished(req, self.eos_ids, self.decode_fn)
-        if req.grammar is not None and not req.finished and self.jump_encode and not req.return_logprob:
+        if jump and req.grammar is not None and not req.finished and self.jump_encode and not req.return_logprob:
             self._jump_forward(req)
 
     def _jump_forward(self, req: Req) -> None:

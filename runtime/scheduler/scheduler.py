@@ -46,6 +46,7 @@ from runtime.scheduler.decode import DecodePlan, plan_decode, retract_ratio
 from runtime.scheduler.output import ResultProcessor
 from runtime.scheduler.policy import order_waiting
 from runtime.scheduler.prefill import PrefillAdder, PrefillPlan
+from runtime.scheduler.speculative import Speculator, speculation_on
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,8 @@ class Scheduler:
         self.grammar_backend: GrammarBackend | None = grammar_backend
         self.kv = KVManager(allocator, table, use_tree=not cfg.cache.disable_radix_cache)
         jump = None if cfg.grammar.disable_jump_forward else encode_fn  # encode_fn(text) -> ids, no specials
+        self.spec = (Speculator(cfg.speculative, self.kv, frozenset(eos_ids), runner.vocab_size)
+                     if speculation_on(cfg.speculative) else None)
         env = load_env()
         if env.fault_inject_rid is not None:
             log.warning("fault injection on: request %r raises at output token %d (testing only)",
@@ -98,7 +101,7 @@ class Scheduler:
         self.processor = ResultProcessor(self.kv, runner.vocab_size, frozenset(eos_ids), decode_fn,
                                          cfg.model.random_seed, jump_encode=jump,
                                          token_bytes=token_bytes_fn, fault_rid=env.fault_inject_rid,
-                                         fault_at=env.fault_inject_at_token)
+                                         fault_at=env.fault_inject_at_token, spec=self.spec)
         self.policy = cfg.scheduler.schedule_policy
         self.mixed = not cfg.scheduler.disable_mixed_steps
         self.grammar_queue: list[Req] = []
@@ -219,7 +222,10 @@ class Scheduler:
         reqs = dplan.decode + dplan.extend + pplan.reqs
         if not reqs:
             return None
-        offsets = [[0]] * len(dplan.decode) + [[r.extend_len - 1] for r in dplan.extend] + pplan.offsets
+        # a verify row (speculative drafts) wants the logits of every position, other extend rows the last
+        offsets = ([[0]] * len(dplan.decode)
+                   + [list(range(r.extend_len)) if r.draft_ids else [r.extend_len - 1] for r in dplan.extend]
+                   + pplan.offsets)
         return Batch(reqs, len(dplan.decode), torch.cat(dplan.slots + pplan.slots), offsets)
 
     def _plan_prefill(self, ordered: list[Req], decode_tokens: int) -> PrefillPlan:
@@ -252,7 +258,7 @@ class Scheduler:
             self.new_token_ratio = max(self.min_ratio, self.new_token_ratio - decay)
         for req, why in dplan.aborted:
             self._finish_abort(req, why)
-        return dplan
+        return self.spec.attach(dplan) if self.spec is not None else dplan
 
     def _after_sample(self, req: Req, was_running: bool) -> None:
         if req.finished:
@@ -327,7 +333,7 @@ class Scheduler:
             completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens,
             num_retractions=req.num_retractions, skip_special_tokens=p.skip_special_tokens,
             spaces_between_special_tokens=p.spaces_between_special_tokens, no_stop_trim=p.no_stop_trim,
-            stop_trim=req.stop_trim,
+            stop_trim=req.stop_trim, spec_verify_ct=req.spec_verify_ct, spec_accepted_tokens=req.spec_accepted,
         )
         if req.return_logprob:
             out.output_logprobs, req.out_logprobs = req.out_logprobs, []
@@ -342,7 +348,7 @@ class Scheduler:
 
     def _count(self, batch: Batch) -> None:
         self.stats["forward_steps"] += 1
-        extend = batch.extend_tokens
+        extend = batch.extend_tokens  # verify rows count as decode work (drafts included)
         self.stats["decode_tokens"] += batch.num_tokens - extend
         self.stats["prefill_tokens"] += extend
         self.stats["mixed_steps"] += 0 < batch.num_decode < batch.size
@@ -379,7 +385,17 @@ class Scheduler:
             "mixed_steps": s["mixed_steps"],
             "stall_steps": s["stall_steps"],
             **{f"stall_steps_{r}": s[f"stall_steps_{r}"] for r in STALL_REASONS},
+            **self._spec_state(),
         }
+
+    def _spec_state(self) -> dict[str, Any]:
+        """Speculative decoding counters, mean tokens per verify step and draft acceptance rate (when on)."""
+        if self.spec is None:
+            return {}
+        st = self.spec.stats
+        verify, drafts = st["spec_verify_ct"], st["spec_draft_tokens"]
+        return {**st, "spec_accept_length": st["spec_emitted_tokens"] / verify if verify else 0.0,
+                "spec_accept_rate": st["spec_accepted_tokens"] / drafts if drafts else 0.0}
 
     def check_memory(self, strict: bool = False) -> bool:
         """Slot accounting: free + evictable + locked + request-owned == total (request-owned is 0 when idle).

@@ -1,0 +1,210 @@
+"""Speculative decoding in the scheduler: drafts ride on decode rows, one extend verifies them.
+
+Data flow of one step (`--speculative-algorithm ngram`):
+1. `attach` (after decode planning and any retraction): each decode row whose request may speculate gets
+   up to k proposed tokens (runtime/speculative/ngram.py), cut before the first stop id and, for a
+   constrained request, at the first token its grammar rejects. Its row becomes a verify row, an extend
+   row computing [last token, d_1..d_k] over the request's cached KV (extend_len = 1 + k, a logit at every
+   position); the k extra slots come from the allocator (evicting unlocked cache leaves if needed) and are
+   written into the request's table row right after its decode slot. No slot of a draft enters the tree.
+2. The model runs the step (mixed with prefill and plain decode rows; a step with a verify row is not an
+   all-decode batch, so it runs eagerly, never through compiled/CUDA-graph decode).
+3. `verify` (from the ResultProcessor): the rows' logits are processed exactly as plain sampling would
+   process them at those positions (penalties over output + accepted drafts, min_new_tokens, logit bias,
+   the grammar mask of the state after the drafts), then the rule of runtime/speculative/verify.py picks
+   the emitted tokens. They are appended one by one through the processor's normal path (logprobs of the
+   target model, grammar advance, finish checks: EOS, stop strings, max_new_tokens), stopping at a finish.
+   Then the row keeps the KV of the last token and of the emitted drafts but one (the KV lags the tokens
+   by one, as after any decode) and frees the rest at once (`KVManager.trim`).
+
+Invariant after `verify`: draft_ids == [], extend_len == 0, cached_len == fill_len - 1 (or the request is
+finished), and every slot of the row past cached_len is back in the allocator: a verify step never leaves
+anything behind, so abort, retraction and finish see the same state as after a plain decode step.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from runtime.config import SpeculativeConfig
+from runtime.constrained.grammar import unpack_bitmask
+from runtime.executor.staging import to_device
+from runtime.sampling import SamplingInfo, compute_logprobs, process_logits, target_probs
+from runtime.scheduler.cache import KVManager
+from runtime.scheduler.core import Req, finish_abort
+from runtime.scheduler.decode import DecodePlan
+from runtime.speculative import accept_greedy, accept_sampled, propose_ngram, spec_uniforms
+
+log = logging.getLogger(__name__)
+
+
+def speculation_on(cfg: SpeculativeConfig) -> bool:
+    algo = cfg.speculative_algorithm
+    return algo is not None and algo.lower() != "none"
+
+
+class Speculator:
+    """Proposes drafts for decode rows and verifies them after the forward; counts what it did."""
+
+    def __init__(self, cfg: SpeculativeConfig, kv: KVManager, eos_ids: frozenset[int], vocab_size: int) -> None:
+        self.k = cfg.speculative_num_draft_tokens
+        self.min_n = cfg.speculative_ngram_min_match_window_size
+        self.max_n = cfg.speculative_ngram_max_match_window_size
+        self.kv = kv
+        self.eos_ids = eos_ids
+        self.vocab_size = vocab_size
+        self.stats = {"spec_verify_ct": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0,
+                      "spec_emitted_tokens": 0}
+
+    # ---- before the forward -----------------------------------------------------------------------------------
+    def attach(self, dplan: DecodePlan) -> DecodePlan:
+        """Turn the decode rows that get drafts into verify rows; returns the new plan (same requests)."""
+        nd = len(dplan.decode)
+        keep: list[tuple[Req, torch.Tensor]] = []
+        verify: list[tuple[Req, torch.Tensor]] = []
+        for req, slot in zip(dplan.decode, dplan.slots[:nd], strict=True):
+            drafts = self._drafts(req)
+            extra = self.kv.alloc(len(drafts)) if drafts else None
+            if extra is None:
+                req.draft_bitmask = None
+                keep.append((req, slot))
+                continue
+            # row positions: cached_len = last token (slot), cached_len + i = draft d_i (extra[i - 1])
+            self.kv.table.write(req.row, req.cached_len + 1, extra)
+            req.draft_ids = drafts
+            req.extend_len = 1 + len(drafts)
+            verify.append((req, torch.cat([slot, extra])))
+        if not verify:
+            return dplan
+        slots = [s for _, s in keep] + list(dplan.slots[nd:]) + [s for _, s in verify]
+        return DecodePlan([r for r, _ in keep], dplan.extend + [r for r, _ in verify], slots,
+                          dplan.retracted, dplan.aborted)
+
+    def _drafts(self, req: Req) -> list[int]:
+        p = req.sampling_params
+        k = min(self.k, req.remaining_new_tokens)
+        if p.disable_speculation or k <= 0:
+            return []
+        if req.grammar is not None and not hasattr(req.grammar, "rollback"):
+            return []  # a grammar without rollback cannot check proposals
+        if req.spec_prompt is None:
+            req.spec_prompt = np.asarray(req.origin_input_ids, dtype=np.int64)
+        tokens = np.concatenate([req.spec_prompt, np.asarray(req.output_ids, dtype=np.int64)])
+        drafts = propose_ngram(tokens, k, self.min_n, self.max_n)
+        if not p.ignore_eos:  # a stop id ends the request: never worth proposing past, nor proposing it
+            stops = self.eos_ids | set(p.stop_token_ids)
+            for i, t in enumerate(drafts):
+                if t in stops:
+                    drafts = drafts[:i]
+                    break
+        if drafts and req.grammar is not None:
+            drafts = self._check_grammar(req, drafts)
+        return drafts
+
+    def _check_grammar(self, req: Req, drafts: list[int]) -> list[int]:
+        """Cut `drafts` at the first token the grammar rejects; keep the allowed-token bitmask of the state
+        before each verify position (row i: after d_1..d_i) in req.draft_bitmask [len + 1, W]."""
+        g = req.grammar
+        bm = torch.zeros((len(drafts) + 1, (self.vocab_size + 31) // 32), dtype=torch.int32)
+        g.write_bitmask(bm[0])
+        ok = 0
+        try:
+            for d in drafts:
+                try:
+                    g.accept_token(d)
+                except ValueError:
+                    break
+                ok += 1
+                g.write_bitmask(bm[ok])
+        finally:
+            g.rollback(ok)
+        req.draft_bitmask = bm[: ok + 1] if ok else None
+        return drafts[:ok]
+
+    # ---- after the forward ------------------------------------------------------------------------------------
+    def verify(self, proc: Any, rows: list[tuple[Req, int]], logits: torch.Tensor) -> None:
+        """rows: (request, its first logits row); request r owns logits rows [start, start + k_r + 1).
+        `proc` is the ResultProcessor (its `_accept` appends one token the normal way)."""
+        reqs = [r for r, _ in rows]
+        ks = [len(r.draft_ids) for r in reqs]
+        flat = [start + i for (_, start), k in zip(rows, ks, strict=True) for i in range(k + 1)]
+        first = np.cumsum([0] + [k + 1 for k in ks])[:-1].tolist()  # flat row of each request's position 0
+        lg = logits[to_device(flat, torch.int64, logits.device)]
+        info = self._info(reqs, ks, proc.default_seed, lg.device)
+        processed = process_logits(lg, info, self._allowed(reqs, ks, lg))
+        argmax = processed.argmax(dim=-1).tolist()
+        sampled = [i for i, g in enumerate(info.greedy_rows) if not g]
+        probs = target_probs(processed, info, sampled) if sampled else None
+        where = {row: j for j, row in enumerate(sampled)}  # flat row -> row of `probs`
+        lp_rows = [i for r, k, f in zip(reqs, ks, first, strict=True) if r.return_logprob for i in range(f, f + k + 1)]
+        lp = compute_logprobs(lg[to_device(lp_rows, torch.int64, lg.device)]) if lp_rows else None
+        lp_at = {row: j for j, row in enumerate(lp_rows)}
+        for req, k, f in zip(reqs, ks, first, strict=True):
+            drafts = req.draft_ids
+            if info.greedy_rows[f]:
+                toks = accept_greedy(argmax[f : f + k + 1], drafts)
+            else:
+                assert probs is not None
+                p = probs[where[f] : where[f] + k + 1]
+                dp = p[torch.arange(k, device=p.device), torch.tensor(drafts, device=p.device)].tolist()
+                us = [spec_uniforms(req.seed, len(req.output_ids) + i) for i in range(k + 1)]
+                toks = accept_sampled(p, drafts, dp, us)
+            self._emit(proc, req, toks, [lp[lp_at[f + i]] if lp is not None and req.return_logprob else None
+                                         for i in range(len(toks))], k)
+
+    def _emit(self, proc: Any, req: Req, toks: list[int], lp_rows: list[torch.Tensor | None], k: int) -> None:
+        """Append `toks` (all but the last are accepted drafts) until a finish; then free the row's extra KV."""
+        old_cached, n = req.cached_len, 0
+        try:
+            for i, t in enumerate(toks):
+                n += 1  # `_accept` appends before anything in it can raise
+                proc._accept(req, t, lp_rows[i], jump=i == len(toks) - 1)
+                if req.finished:
+                    break
+        except Exception as e:  # an error in one request's processing aborts that request only
+            log.exception("internal error while processing request %s", req.rid)
+            req.finish_reason = finish_abort(f"internal error while processing request: {type(e).__name__}: {e}")
+        finally:
+            req.draft_ids, req.draft_bitmask = [], None
+            self.kv.trim(req, old_cached + n)
+        accepted = min(n, len(toks) - 1)
+        req.spec_verify_ct += 1
+        req.spec_accepted += accepted
+        s = self.stats
+        s["spec_verify_ct"] += 1
+        s["spec_draft_tokens"] += k
+        s["spec_accepted_tokens"] += accepted
+        s["spec_emitted_tokens"] += n
+
+    def _info(self, reqs: list[Req], ks: list[int], default_seed: int, device: torch.device) -> SamplingInfo:
+        """Sampling tensors for every verify position: position i of request r samples output token
+        len(output_ids) + i after output_ids + d_1..d_i (what plain decoding would see there)."""
+        params, outs, steps, stops, seeds = [], [], [], [], []
+        for req, k in zip(reqs, ks, strict=True):
+            p = req.sampling_params
+            stop = [] if p.ignore_eos else sorted(self.eos_ids | set(p.stop_token_ids))
+            for i in range(k + 1):
+                params.append(p)
+                outs.append(req.output_ids + req.draft_ids[:i])
+                steps.append(len(req.output_ids) + i)
+                stops.append(stop)
+                seeds.append(req.seed)
+        return SamplingInfo.build(params=params, output_ids=outs, steps=steps, vocab_size=self.vocab_size,
+                                  stop_ids=stops, default_seed=default_seed, device=device, seeds=seeds)
+
+    def _allowed(self, reqs: list[Req], ks: list[int], lg: torch.Tensor) -> torch.Tensor | None:
+        """bool [R, V] allowed tokens per verify position (grammar rows only), or None without grammars."""
+        if all(r.draft_bitmask is None for r in reqs):
+            return None
+        V = lg.shape[1]
+        allowed = torch.ones(lg.shape, dtype=torch.bool, device=lg.device)
+        f = 0
+        for req, k in zip(reqs, ks, strict=True):
+            if req.draft_bitmask is not None:
+                allowed[f : f + k + 1] = unpack_bitmask(req.draft_bitmask, V).to(lg.device)
+            f += k + 1
+        return allowed

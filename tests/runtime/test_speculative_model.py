@@ -1,0 +1,106 @@
+"""Speculative decoding on the real SmolLM2 (CPU, float32): greedy output with speculation equals without,
+token for token, over 30 prompts in one mixed batch (quoting, code copying, free chat), and constrained
+requests stay valid. Uses the session runner; every run ends with the strict leak check (Driver.run/close).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from runtime.sampling.params import SamplingParams
+from tests.runtime.test_scheduler_model import Driver, chat
+
+MAX_NEW = 16
+SPEC = {"speculative_algorithm": "ngram", "speculative_num_draft_tokens": 4}
+FACTS = ["The bridge opened in 1932 and carries eight lanes.", "Copper wire conducts heat as well as current.",
+         "The library closes at nine on weekdays.", "Owls can turn their heads about 270 degrees.",
+         "The recipe needs two eggs and a cup of flour.", "Mount Rainier is a volcano in Washington."]
+CODE = "def add(a, b):\n    total = a + b\n    return total\n\ndef mul(a, b):\n    return a * b\n"
+CHAT = ["What is the capital of France?", "Name three colors.", "Why is the sky blue?", "Tell me a joke.",
+        "What is 12 times 7?", "Give me a word that rhymes with cat.", "What do bees make?",
+        "How many legs does a spider have?", "Who wrote Hamlet?", "What is water made of?"]
+
+
+@pytest.fixture(scope="module")
+def tok(smollm_path):
+    from runtime.tokenizer.load import load_tokenizer
+
+    return load_tokenizer(smollm_path)
+
+
+@pytest.fixture(scope="module")
+def prompts(tok) -> dict[str, list[int]]:
+    out = {}
+    for i in range(10):
+        doc = " ".join(FACTS[i % 6 :] + FACTS[: i % 6])
+        out[f"rag{i}"] = chat(tok, f"Quote the sentence about {['the bridge', 'copper', 'the library', 'owls', 'the recipe', 'Mount Rainier'][i % 6]} exactly.", system=doc)
+    for i in range(10):
+        out[f"code{i}"] = chat(tok, f"Rename the function {'add' if i % 2 else 'mul'} to f{i} and repeat the code:\n{CODE}")
+    for i, q in enumerate(CHAT):
+        out[f"chat{i}"] = chat(tok, q)
+    return out
+
+
+def test_greedy_equal_with_and_without_speculation(smollm_runner, tok, prompts):
+    """Wave 1: every prompt opted out (plain decoding); wave 2: the same prompts speculating (their prompts
+    now cached, so the prefill is paid once)."""
+    d = Driver(smollm_runner, tok, **SPEC)
+    try:
+        for rid, ids in prompts.items():
+            d.submit(f"off_{rid}", ids, MAX_NEW, ignore_eos=True, disable_speculation=True)
+        d.run()
+        assert d.sched.internal_state()["spec_verify_ct"] == 0
+        for rid, ids in prompts.items():
+            d.submit(rid, ids, MAX_NEW, ignore_eos=True)
+        d.run()
+        diff = [rid for rid in prompts if d.ids(rid) != d.ids(f"off_{rid}")]
+        assert not diff, f"outputs differ with speculation on: {diff}"
+        st = d.sched.internal_state()
+        assert st["spec_verify_ct"] > 0 and st["spec_accepted_tokens"] > 0 and st["spec_accept_length"] > 1.0
+        assert d.final("rag0").spec_verify_ct > 0
+    finally:
+        d.close()
+
+
+def test_constrained_and_speculative_outputs_stay_valid(smollm_runner, tok):
+    from runtime.config import GrammarConfig
+    from runtime.constrained import GrammarBackend
+
+    be = GrammarBackend.from_tokenizer(tok, GrammarConfig(grammar_compile_timeout=60.0), num_workers=1)
+    schema = json.dumps({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                         "required": ["name", "age"]})
+    ask = chat(tok, 'Copy this JSON exactly: {"name": "Ada Lovelace", "age": 36} then {"name": "Ada Lovelace", "age": 36}')
+    outs: dict[str, dict[str, list[int]]] = {}
+    fut = be.get_future(SamplingParams(json_schema=schema))  # compiled (and cached) before the runs
+    for _ in range(600):
+        if fut.done():
+            break
+        time.sleep(0.1)
+    fut.result()
+    try:
+        _run_both(smollm_runner, tok, be, ask, schema, outs)
+    finally:
+        be.close()
+    for rid in ("j0", "j1", "j2"):
+        text = tok.decode(outs["on"][rid])
+        obj = json.loads(text)
+        assert set(obj) == {"name", "age"}, text
+    assert outs["on"] == outs["off"]
+
+
+def _run_both(smollm_runner, tok, be, ask, schema, outs) -> None:
+    for mode, cfg in (("off", {}), ("on", SPEC)):
+        d = Driver(smollm_runner, tok, grammar_backend=be, **cfg)
+        try:
+            for i in range(3):
+                d.submit(f"j{i}", ask, 40, json_schema=schema)
+            d.submit("free", ask, 24, ignore_eos=True)
+            d.run()
+            outs[mode] = {rid: d.ids(rid) for rid in ("j0", "j1", "j2", "free")}
+            if mode == "on":  # the constrained requests speculated too (proposals checked by their grammar)
+                assert all(d.final(f"j{i}").spec_verify_ct > 0 for i in range(3))
+        finally:
+            d.close()
