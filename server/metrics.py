@@ -148,6 +148,13 @@ class Metrics:
                     for r in ("prefill_only", "retraction", "grammar_wait", "other")])
             metric("num_mixed_steps_total", "counter", "Steps carrying both decode and prefill rows.",
                    [("", {}, s.get("mixed_steps", 0))])
+            if "spec_verify_ct" in s:  # speculative decoding is on (--speculative-algorithm)
+                metric("spec_accept_length", "gauge", "Mean tokens emitted per speculative verify step.",
+                       [("", {}, s.get("spec_accept_length", 0.0))])
+                metric("spec_accept_rate", "gauge", "Accepted / proposed speculative draft tokens.",
+                       [("", {}, s.get("spec_accept_rate", 0.0))])
+                metric("spec_verify_steps_total", "counter", "Speculative verify steps (one per request and step).",
+                       [("", {}, s.get("spec_verify_ct", 0))])
             for key, help_ in (("num_grammar_total", "Constrained requests."),
                                ("num_grammar_cache_hit_total", "Grammar cache hits."),
                                ("num_grammar_timeout_total", "Grammar compiles that timed out.")):

@@ -100,3 +100,18 @@ def test_bad_settings_fail_loud():
         make(speculative_algorithm="eagle")
     with pytest.raises(ValueError, match="page-size 1"):
         make(page_size=4, **SPEC)
+
+
+def test_metrics_and_meta_info_report_speculation():
+    from runtime.messages import ReqTextOut
+    from server.metrics import Metrics
+
+    text = Metrics().render("sglang", "smol", {"spec_verify_ct": 4, "spec_accept_length": 2.5, "spec_accept_rate": 0.375})
+    assert 'sglang:spec_accept_length{model_name="smol"} 2.5' in text
+    assert 'sglang:spec_accept_rate{model_name="smol"} 0.375' in text
+    assert "spec_accept_rate" not in Metrics().render("sglang", "smol", {})  # speculation off: no series
+    sched, _ = make(mode="inc", **SPEC)
+    sched.handle(gen("m", list(range(V)) + [5], 12))
+    out = drain(sched).final("m")
+    assert out.spec_verify_ct > 0 and out.spec_accepted_tokens > 0
+    assert ReqTextOut(rid="m", text_delta="", new_ids=[], spec_verify_ct=2).spec_verify_ct == 2

@@ -104,3 +104,30 @@ def _run_both(smollm_runner, tok, be, ask, schema, outs) -> None:
                 assert all(d.final(f"j{i}").spec_verify_ct > 0 for i in range(3))
         finally:
             d.close()
+
+
+def test_engine_end_to_end_stream_logprobs_and_metrics():
+    """Through the three processes: streamed text, the target's logprobs (on vs opted out, float32) and the
+    reported speculation figures."""
+    import runtime
+
+    eng = runtime.Engine(max_total_tokens=2048, dtype="float32", **SPEC)
+    try:
+        text = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox"
+        params = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+        on = eng.generate(text, params, return_logprob=True)
+        off = eng.generate(text, {**params, "disable_speculation": True}, return_logprob=True)
+        assert on["output_ids"] == off["output_ids"] and on["text"] == off["text"]
+        m = on["meta_info"]
+        assert m["spec_verify_ct"] > 0 and m["spec_accept_length"] >= 1.0 and "spec_verify_ct" not in off["meta_info"]
+        lp_on = [x[0] for x in m["output_token_logprobs"]]
+        lp_off = [x[0] for x in off["meta_info"]["output_token_logprobs"]]
+        assert len(lp_on) == 12 and max(abs(a - b) for a, b in zip(lp_on, lp_off, strict=True)) < 1e-3
+        chunks = list(eng.generate(text, params, stream=True))
+        assert chunks[-1]["text"] == on["text"]
+        assert all(b["text"].startswith(a["text"]) for a, b in zip(chunks, chunks[1:], strict=False))
+        st = eng.get_server_info()["internal_states"][0]
+        assert st["spec_verify_ct"] > 0 and 0.0 < st["spec_accept_rate"] <= 1.0
+        assert st["kv_free_slots"] + st["kv_evictable_slots"] == 2048
+    finally:
+        eng.shutdown()
