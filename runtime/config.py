@@ -116,6 +116,10 @@ class GrammarConfig:
     """Let a JSON object whose schema lists `properties` but no `additionalProperties` carry other keys (the
     JSON Schema default). Off: it admits only its listed keys (as OpenAI strict schemas and xgrammar's strict
     mode), so a small model cannot run out of tokens adding keys; outputs validate either way."""
+    json_bound_numbers: bool = True
+    """A JSON `number` without multipleOf/enum/const gets at most 10 fraction digits and no exponent (llguidance
+    backend; a schema whose bounds llguidance cannot combine with it, such as maximum 1e300, keeps free numbers),
+    so a sampled number cannot spend the whole token budget in its fraction; off: any JSON number."""
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ _WHERE = {
     "Grammar": "grammar", "GrammarError": "grammar", "VocabInfo": "grammar", "JumpPlan": "grammar",
     "apply_grammar_masks": "grammar", "fill_masks": "grammar", "plan_jump_forward": "grammar",
     "unpack_bitmask": "grammar",
-    "GrammarValidationError": "schema", "to_regex": "schema",
+    "GrammarValidationError": "errors", "to_regex": "schema",
 }
 __all__ = sorted(_WHERE)
 

@@ -35,8 +35,8 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from runtime.config import GrammarConfig
+from runtime.constrained.errors import GrammarValidationError
 from runtime.constrained.grammar import Grammar, GrammarError, VocabInfo
-from runtime.constrained.schema import GrammarValidationError
 
 logger = logging.getLogger(__name__)
 
@@ -358,9 +358,8 @@ def params_constraint(params) -> tuple[str, str] | None:  # noqa: ANN001 (Sampli
         return "choices", json.dumps(list(params.choices))
     if params.ebnf is not None:
         return "ebnf", params.ebnf
-    st = getattr(params, "structural_tag", None)
-    if st is not None:
-        return "structural_tag", st
+    if params.structural_tag is not None:
+        return "structural_tag", params.structural_tag
     return None
 
 

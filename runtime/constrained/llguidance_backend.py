@@ -1,8 +1,8 @@
 """The llguidance backend: an Earley parser over a lazily built lexer DFA (guidance-ai/llguidance).
 
 Kinds: json_schema (llguidance's own JSON-schema compiler, strict: an unsupported keyword is an error naming it),
-regex, choices (a regex alternation), ebnf (SGLang's GBNF text, converted to Lark by llguidance). Not
-structural_tag (a 400 says so; the xgrammar backend has it).
+regex, choices (a regex alternation), ebnf (SGLang's GBNF text, converted to Lark by llguidance), structural_tag
+(our own Lark grammar, runtime/constrained/structural_tag.py: a trigger cannot pass as free text).
 
 Vocabulary: an `LLTokenizer` built from our own token bytes (GPT-2 byte-level tokens decoded to raw bytes by
 runtime.tokenizer.Tokenizer.token_bytes), special tokens flagged as such (so only a grammar naming them may emit
@@ -15,6 +15,7 @@ in one call on llguidance's thread pool (`LLExecutor`).
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,13 +24,11 @@ import llguidance as llg
 import torch
 
 from runtime.config import GrammarConfig
+from runtime.constrained.errors import GrammarValidationError
 from runtime.constrained.grammar import Grammar, GrammarError, VocabInfo
-from runtime.constrained.schema import (
-    GrammarValidationError,
-    bound_runaway_values,
-    choices_regex,
-    parse_schema,
-)
+from runtime.constrained.json_rules import bound_numbers, bound_runaway_values, parse_schema
+from runtime.constrained.schema import choices_regex
+from runtime.constrained.structural_tag import lark_grammar, parse_structural_tag
 
 _EXECUTOR: llg.LLExecutor | None = None
 
@@ -73,11 +72,13 @@ def _json_options(cfg: GrammarConfig) -> dict[str, Any]:
 def grammar_text(kind: str, spec: str, cfg: GrammarConfig) -> str:
     """llguidance's grammar text for a (kind, spec) constraint; GrammarValidationError if malformed."""
     if kind == "json_schema":
-        schema = bound_runaway_values(parse_schema(spec), closed_objects=not cfg.json_allow_extra_properties)
-        try:
-            return llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=_json_options(cfg))
-        except ValueError as e:
-            raise GrammarValidationError(f"invalid JSON schema: {e}") from None
+        schema = parse_schema(spec)
+        text = _schema_grammar(_bounded(copy.deepcopy(schema), cfg, numbers=cfg.json_bound_numbers), cfg)
+        if cfg.json_bound_numbers and llg.LLMatcher.validate_grammar(text, None):
+            # llguidance cannot combine the fraction bound with this schema's numbers (e.g. maximum 1e300):
+            # compile the schema without it (numbers unbounded, as the spec has them) rather than refuse it
+            text = _schema_grammar(_bounded(schema, cfg, numbers=False), cfg)
+        return text
     if kind == "regex":
         if not spec:
             raise GrammarValidationError("regex is empty")
@@ -92,11 +93,33 @@ def grammar_text(kind: str, spec: str, cfg: GrammarConfig) -> str:
         except Exception as e:  # the converter's own parse errors (GbnfToLarkError, ValueError)
             raise GrammarValidationError(f"invalid ebnf grammar: {e}") from None
     if kind == "structural_tag":
-        # llguidance's StructTag grammar lets the trigger text pass as free text (measured), so the tag's
-        # schema would not be enforced: refuse rather than constrain wrongly.
-        raise GrammarValidationError("structural_tag is not supported by the llguidance grammar backend (its "
-                                     "tags do not force the schema after a trigger); use --grammar-backend xgrammar")
+        tag = parse_structural_tag(spec)
+        schemas = [json.dumps(_tag_schema(st.schema, cfg), separators=(",", ":")) for st in tag.structures]
+        return llg.LLMatcher.grammar_from_lark(lark_grammar(tag, schemas))
     raise GrammarValidationError(f"unknown constraint kind {kind!r}")
+
+
+def _schema_grammar(schema: dict | bool, cfg: GrammarConfig) -> str:
+    try:
+        return llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=_json_options(cfg))
+    except ValueError as e:
+        raise GrammarValidationError(f"invalid JSON schema: {e}") from None
+
+
+def _bounded(schema: dict | bool, cfg: GrammarConfig, numbers: bool) -> dict | bool:
+    """The runaway bounds (runtime/constrained/json_rules.py) the configuration asks for, in place."""
+    schema = bound_runaway_values(schema, closed_objects=not cfg.json_allow_extra_properties)
+    return bound_numbers(schema) if numbers else schema
+
+
+def _tag_schema(schema: dict | bool, cfg: GrammarConfig) -> dict:
+    """A structure's schema under the same rules as json_schema requests (runaway bounds, closed objects), with
+    the JSON whitespace options carried inside it (`x-guidance`), as Lark's %json takes no other options."""
+    if schema is False:
+        raise GrammarValidationError("structural_tag: a structure's schema is `false` (nothing can match)")
+    out = _bounded(parse_schema(json.dumps({} if schema is True else schema)), cfg, cfg.json_bound_numbers)
+    assert isinstance(out, dict)
+    return {**out, "x-guidance": _json_options(cfg)}
 
 
 def _error(kind: str, msg: str) -> GrammarValidationError:
@@ -177,7 +200,7 @@ class LLGuidanceEngine:
     lexer fuel limits, and a grammar past them is an error naming the limit)."""
 
     name = "llguidance"
-    kinds = ("regex", "json_schema", "choices", "ebnf")
+    kinds = ("regex", "json_schema", "choices", "ebnf", "structural_tag")
 
     def __init__(self, vocab: VocabInfo, cfg: GrammarConfig) -> None:
         self.cfg = cfg

@@ -22,8 +22,9 @@ import torch
 from outlines_core import Guide, Index
 
 from runtime.config import GrammarConfig
+from runtime.constrained.errors import GrammarValidationError
 from runtime.constrained.grammar import Grammar, GrammarError, VocabInfo
-from runtime.constrained.schema import GrammarValidationError, validate_outlines
+from runtime.constrained.schema import validate_outlines
 
 WORKER_READY_TIMEOUT = 120.0  # seconds a fresh worker may take to import and build the vocabulary
 _HEADER = struct.Struct(">I")

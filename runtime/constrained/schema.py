@@ -23,17 +23,20 @@ Limits (measured on SmolLM2's 49k vocabulary: `[a-z]{1,1000}` 1.4 s / 66 MB, `[a
   uniqueItems, not, if/then/else, ...) are refused, so every output really validates.
 Errors are `GrammarValidationError` (a ValueError) with `code` "invalid_value" or "grammar_too_complex".
 
-Over the 400-line soft cap: one recursive translator over the JSON Schema keywords; splitting it by keyword
-would scatter one recursion over several files.
+Range regexes live in runtime/constrained/ranges.py; the JSON-schema rules the llguidance and xgrammar backends
+share (draft parsing, runaway bounds, keyword checks) in runtime/constrained/json_rules.py.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import math
 import re
 from typing import Any
+
+from runtime.constrained.errors import fail as _fail
+from runtime.constrained.json_rules import nesting_depth as _depth
+from runtime.constrained.ranges import number_range_regex
 
 MAX_SPEC_BYTES = 64 * 1024
 MAX_REGEX_CHARS = 256 * 1024
@@ -65,17 +68,6 @@ _FORMATS = {
            r"(?:/[A-Za-z0-9._~-]{1,30}){0,5}",
 }
 
-
-class GrammarValidationError(ValueError):
-    """A constraint that is malformed (code "invalid_value") or too expensive (code "grammar_too_complex")."""
-
-    def __init__(self, message: str, code: str = "invalid_value") -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _fail(msg: str, code: str = "invalid_value") -> None:
-    raise GrammarValidationError(msg, code)
 
 
 # ---------------------------------------------------------------- regex checks
@@ -162,134 +154,6 @@ def choices_regex(spec: str) -> str:
         _fail("choices contains an empty string")
     return "(?:" + "|".join(escape_literal(x) for x in items) + ")"
 
-
-# ---------------------------------------------------------------- integer / number ranges
-
-
-def _group(s: str) -> str:
-    return f"(?:{s})" if "|" in s else s
-
-
-def _cls(a: int, b: int) -> str:
-    return str(a) if a == b else f"[{a}-{b}]"
-
-
-def _same_len(lo: str, hi: str) -> str:
-    """Regex for decimal strings of len(lo) == len(hi) digits within [lo, hi] (lo <= hi)."""
-    if lo == hi:
-        return lo
-    if len(lo) == 1:
-        return _cls(int(lo), int(hi))
-    if lo[0] == hi[0]:
-        return lo[0] + _group(_same_len(lo[1:], hi[1:]))
-    rest = len(lo) - 1
-    parts = []
-    start = int(lo[0])
-    if lo[1:] != "0" * rest:
-        parts.append(lo[0] + _group(_same_len(lo[1:], "9" * rest)))
-        start += 1
-    end = int(hi[0]) if hi[1:] == "9" * rest else int(hi[0]) - 1
-    if start <= end:
-        parts.append(_cls(start, end) + ("[0-9]" if rest == 1 else f"[0-9]{{{rest}}}"))
-    if hi[1:] != "9" * rest:
-        parts.append(hi[0] + _group(_same_len("0" * rest, hi[1:])))
-    return "|".join(parts)
-
-
-def _nonneg_range(lo: int, hi: int | None) -> str:
-    """Canonical decimal integers (no leading zeros) in [lo, hi], 0 <= lo; hi None = unbounded."""
-    parts = []
-    top = hi if hi is not None else 10 ** len(str(lo)) - 1
-    for d in range(len(str(lo)), len(str(top)) + 1):
-        a = max(lo, 10 ** (d - 1) if d > 1 else 0)
-        b = min(top, 10**d - 1)
-        if a <= b:
-            parts.append(_same_len(str(a), str(b)))
-    if hi is None:
-        parts.append(f"[1-9][0-9]{{{len(str(lo))},}}")
-    return "|".join(parts)
-
-
-def int_range_regex(lo: int | None, hi: int | None) -> str:
-    """Regex for JSON integers n with lo <= n <= hi (None = unbounded). Requires lo <= hi when both given."""
-    parts = []
-    if hi is None or hi >= 0:
-        parts.append(_nonneg_range(max(lo, 0) if lo is not None else 0, hi))
-    if lo is None or lo < 0:  # negatives -m, m in [max(1, -hi), -lo]
-        m_lo = max(1, -hi) if hi is not None else 1
-        m_hi = -lo if lo is not None else None
-        if m_hi is None or m_lo <= m_hi:
-            parts.append("-" + _group(_nonneg_range(m_lo, m_hi)))
-    return "(?:" + "|".join(parts) + ")"
-
-
-def _int_bounds(s: dict, integer: bool) -> tuple[int | None, int | None, float | None, float | None]:
-    """(a, b): the integer range, plus the real bounds (lo, hi) for fractional numbers (inclusive/exclusive
-    folded into integers conservatively)."""
-    lo = s.get("minimum")
-    hi = s.get("maximum")
-    xlo = s.get("exclusiveMinimum")
-    xhi = s.get("exclusiveMaximum")
-    a = b = None
-    if lo is not None:
-        a = math.ceil(lo)
-    if xlo is not None and not isinstance(xlo, bool):
-        a2 = math.floor(xlo) + 1
-        a = a2 if a is None else max(a, a2)
-    if hi is not None:
-        b = math.floor(hi)
-    if xhi is not None and not isinstance(xhi, bool):
-        b2 = math.ceil(xhi) - 1
-        b = b2 if b is None else min(b, b2)
-    return a, b, lo, hi
-
-
-def number_range_regex(s: dict, integer: bool) -> str:
-    """A sound regex for the range: exact for integers; for numbers, integers in range plus k.f (f != 0) where
-    the whole open interval (k, k+1) lies in the range."""
-    a, b, _, _ = _int_bounds(s, integer)
-    parts = []
-    if a is None or b is None or a <= b:
-        parts.append(int_range_regex(a, b))
-    if not integer:
-        reals = [x for x in (s.get("minimum"), s.get("exclusiveMinimum")) if isinstance(x, (int, float))
-                 and not isinstance(x, bool)]
-        lo = max(reals) if reals else None
-        reals = [x for x in (s.get("maximum"), s.get("exclusiveMaximum")) if isinstance(x, (int, float))
-                 and not isinstance(x, bool)]
-        hi = min(reals) if reals else None
-        frac = r"\.[0-9]{0,14}[1-9]"
-        k_lo = max(math.ceil(lo), 0) if lo is not None else 0  # v in (k, k+1): k >= lo, k + 1 <= hi
-        k_hi = math.floor(hi) - 1 if hi is not None else None
-        if k_hi is None or k_lo <= k_hi:
-            parts.append(_group(_nonneg_range(k_lo, k_hi)) + frac)
-        m_lo = max(1, math.ceil(-hi)) if hi is not None else 1  # v in (-(m+1), -m): m + 1 <= -lo, m >= -hi
-        m_hi = math.floor(-lo) - 1 if lo is not None else None
-        if m_hi is None or m_lo <= m_hi:
-            parts.append("-" + _group(_nonneg_range(m_lo, m_hi)) + frac)
-        if (lo is None or lo <= -1) and (hi is None or hi >= 0):
-            parts.append("-0" + frac)
-    if not parts:
-        _fail(f"unsatisfiable numeric range in schema: {json.dumps(s)[:200]}")
-    return "(?:" + "|".join(parts) + ")"
-
-
-# ---------------------------------------------------------------- JSON schema
-
-
-def _depth(x: Any, limit: int) -> int:
-    stack = [(x, 1)]
-    deepest = 0
-    while stack:
-        node, d = stack.pop()
-        deepest = max(deepest, d)
-        if deepest > limit:
-            return deepest
-        if isinstance(node, dict):
-            stack.extend((v, d + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, d + 1) for v in node)
-    return deepest
 
 
 def _resolve(root: Any, ref: str) -> Any:
@@ -443,165 +307,3 @@ def validate(kind: str, spec: str, whitespace: str | None = None) -> None:
 
 
 validate_outlines = validate  # the outlines backend's check (every other backend has its own module's validate)
-
-
-# ---------------------------------------------------------------- shared by the llguidance / xgrammar backends
-
-MAX_SAFE_INTEGER = 2**53 - 1  # I-JSON (RFC 7493): integers beyond this do not survive a JSON round trip
-
-# The validation keywords of JSON Schema drafts 04 to 2020-12 (anything else is an annotation or an unknown
-# keyword, which validators ignore too): check_keywords refuses those a backend does not enforce.
-VALIDATION_KEYWORDS = frozenset({
-    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
-    "maxLength", "minLength", "pattern", "format", "items", "additionalItems", "prefixItems", "maxItems",
-    "minItems", "uniqueItems", "contains", "maxContains", "minContains", "maxProperties", "minProperties",
-    "required", "properties", "patternProperties", "additionalProperties", "propertyNames", "dependencies",
-    "dependentRequired", "dependentSchemas", "allOf", "anyOf", "oneOf", "not", "if", "then", "else",
-    "unevaluatedItems", "unevaluatedProperties", "$ref", "$dynamicRef", "$recursiveRef",
-})
-ANNOTATIONS = frozenset({"$defs", "definitions"})  # containers of subschemas, checked when referenced
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
-_SUBSCHEMA_ONE = ("items", "additionalProperties", "contains", "not", "if", "then", "else", "propertyNames",
-                  "additionalItems", "unevaluatedItems", "unevaluatedProperties")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-
-
-MAX_SCHEMA_BYTES = 1 << 20  # llguidance / xgrammar bound their own work; this only bounds parsing
-MAX_SCHEMA_DEPTH = 128
-
-
-def parse_schema(spec: str) -> dict | bool:
-    """A JSON schema text -> the schema, checked against the draft its `$schema` names (2020-12 by default),
-    bounded in size and depth; draft-04 boolean exclusiveMinimum/exclusiveMaximum rewritten to numbers."""
-    if len(spec.encode("utf-8", "surrogatepass")) > MAX_SCHEMA_BYTES:
-        _fail(f"json_schema is larger than {MAX_SCHEMA_BYTES} bytes", "grammar_too_complex")
-    try:
-        schema = json.loads(spec)
-    except json.JSONDecodeError as e:
-        _fail(f"json_schema is not valid JSON: {e}")
-    if not isinstance(schema, (dict, bool)):
-        _fail("json_schema must be a JSON object (or boolean)")
-    if _depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
-        _fail(f"json_schema is nested deeper than {MAX_SCHEMA_DEPTH}", "grammar_too_complex")
-    import jsonschema
-
-    try:
-        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
-    except jsonschema.SchemaError as e:
-        where = "/".join(str(p) for p in e.path) or "(root)"
-        _fail(f"invalid JSON schema at {where}: {e.message}")
-    if schema is False:
-        _fail("json_schema `false` admits nothing")
-    if not isinstance(schema, dict):
-        return schema
-    draft = str(schema.get("$schema", ""))
-    return _normalize_draft(schema, any(f"draft-0{n}" in draft for n in (3, 4, 6, 7)))
-
-
-def _subschemas(s: dict) -> list[Any]:
-    out: list[Any] = []
-    for k in _SUBSCHEMA_MAPS:
-        if isinstance(s.get(k), dict):
-            out.extend(s[k].values())
-    for k in _SUBSCHEMA_ONE:
-        v = s.get(k)
-        out.extend(v if isinstance(v, list) else [v])
-    for k in _SUBSCHEMA_LISTS:
-        if isinstance(s.get(k), list):
-            out.extend(s[k])
-    if isinstance(s.get("dependencies"), dict):
-        out.extend(v for v in s["dependencies"].values() if isinstance(v, dict))
-    return [x for x in out if isinstance(x, dict)]
-
-
-def _normalize_draft(s: dict, ref_overrides: bool) -> dict:
-    """In place, to 2020-12 meaning: draft-04 `exclusiveMaximum: true` (+ maximum) becomes
-    `exclusiveMaximum: <number>`; with `ref_overrides` (drafts 04-07) the keywords beside a `$ref` are dropped,
-    as those drafts ignore them (2019-09+ apply them)."""
-    for x, b in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
-        if isinstance(s.get(x), bool):
-            flag = s.pop(x)
-            if flag and isinstance(s.get(b), (int, float)):
-                s[x] = s.pop(b)
-    if ref_overrides and "$ref" in s:
-        for k in [k for k in s if k not in ("$ref", "$defs", "definitions")]:
-            del s[k]
-    for sub in _subschemas(s):
-        _normalize_draft(sub, ref_overrides)
-    return s
-
-
-# Longest valid value of a string format (RFC 5321 section 4.5.3.1: a 254-byte address path; RFC 1035: 253-byte
-# host names; URIs past 2,000 characters are refused by common servers and browsers).
-EMAIL_PARTS = "^[^@]{1,64}@[^@]{1,253}$"
-FORMAT_MAX_LENGTH = {"email": 254, "idn-email": 254, "hostname": 253, "idn-hostname": 253, "uri": 2048,
-                     "uri-reference": 2048, "iri": 2048, "iri-reference": 2048}
-
-
-def bound_runaway_values(schema: dict | bool, enabled: bool = True, formats: bool = True,
-                         closed_objects: bool = False) -> dict | bool:
-    """Give every integer without a bound the I-JSON range [-(2^53-1), 2^53-1] (at most 16 digits), and every
-    string format with a standard length limit that limit as maxLength, so a sampled value cannot run on for
-    the whole token budget. Values these bounds cut off are ones no consumer accepts. closed_objects: an object
-    listing `properties` without additionalProperties/patternProperties gets `additionalProperties: false`
-    (not inside or beside an allOf, where branches share keys). In place."""
-    if not enabled or not isinstance(schema, dict):
-        return schema
-    stack = [schema]
-    in_all_of: set[int] = set()  # ids of subschemas that are allOf branches
-    while stack:
-        s = stack.pop()
-        if isinstance(s.get("allOf"), list):
-            in_all_of.update(id(x) for x in s["allOf"])
-        if (closed_objects and isinstance(s.get("properties"), dict) and id(s) not in in_all_of and "allOf" not in s
-                and not any(k in s for k in ("additionalProperties", "patternProperties", "unevaluatedProperties"))):
-            s["additionalProperties"] = False
-        t = s.get("type")
-        if t == "integer" or (isinstance(t, list) and "integer" in t and "number" not in t):
-            if "minimum" not in s and "exclusiveMinimum" not in s:
-                s["minimum"] = -MAX_SAFE_INTEGER
-            if "maximum" not in s and "exclusiveMaximum" not in s:
-                s["maximum"] = MAX_SAFE_INTEGER
-        limit = FORMAT_MAX_LENGTH.get(s.get("format")) if isinstance(s.get("format"), str) else None
-        if formats and limit is not None and not isinstance(s.get("maxLength"), int):
-            s["maxLength"] = limit
-        if formats and s.get("format") in ("email", "idn-email") and "pattern" not in s:
-            s["pattern"] = EMAIL_PARTS  # RFC 5321: a local part of at most 64 octets
-        stack.extend(_subschemas(s))
-    return schema
-
-
-def check_keywords(schema: dict | bool, supported: frozenset[str], formats: frozenset[str], backend: str,
-                   lengths_with_patterns: bool = True) -> None:
-    """Refuse (GrammarValidationError naming it) any keyword the backend would ignore, so no output it emits
-    can fail validation because of it. lengths_with_patterns=False: minLength/maxLength next to a pattern or
-    format is refused too (xgrammar drops the length there)."""
-    if not isinstance(schema, dict):
-        return
-    stack: list[tuple[dict, str]] = [(schema, "#")]
-    while stack:
-        s, path = stack.pop()
-        if not lengths_with_patterns and ("pattern" in s or "format" in s) and (
-                "minLength" in s or "maxLength" in s):
-            _fail(f"unsupported at {path}: minLength/maxLength together with pattern/format (the {backend} grammar "
-                  "backend cannot enforce both)")
-        for k, v in s.items():
-            if k not in VALIDATION_KEYWORDS:
-                continue
-            if k not in supported:
-                _fail(f"unsupported JSON schema keyword {k!r} at {path} (the {backend} grammar backend cannot "
-                      "enforce it)")
-            if k == "format" and v not in formats:
-                _fail(f"unsupported JSON schema format {v!r} at {path} (the {backend} grammar backend cannot "
-                      "enforce it)")
-        for k in _SUBSCHEMA_MAPS:
-            if isinstance(s.get(k), dict):
-                stack.extend((x, f"{path}/{k}/{n}") for n, x in s[k].items() if isinstance(x, dict))
-        for k in _SUBSCHEMA_ONE:
-            if isinstance(s.get(k), dict):
-                stack.append((s[k], f"{path}/{k}"))
-            elif isinstance(s.get(k), list):
-                stack.extend((x, f"{path}/{k}/{i}") for i, x in enumerate(s[k]) if isinstance(x, dict))
-        for k in _SUBSCHEMA_LISTS:
-            if isinstance(s.get(k), list):
-                stack.extend((x, f"{path}/{k}/{i}") for i, x in enumerate(s[k]) if isinstance(x, dict))

@@ -56,7 +56,8 @@ def build_vocabulary(vocab: list[bytes | None], eos: int):  # noqa: ANN201 (outl
 def compile_one(vocabulary, kind: str, spec: str, ws: str | None) -> dict:  # noqa: ANN001
     from outlines_core import Index
 
-    from runtime.constrained.schema import GrammarValidationError, to_regex
+    from runtime.constrained.errors import GrammarValidationError
+    from runtime.constrained.schema import to_regex
 
     t0 = time.perf_counter()
     try:

@@ -22,17 +22,12 @@ import torch
 import xgrammar as xgr
 
 from runtime.config import GrammarConfig
+from runtime.constrained.errors import GrammarValidationError
 from runtime.constrained.grammar import Grammar, GrammarError, VocabInfo, _bit
-from runtime.constrained.schema import (
-    GrammarValidationError,
-    _subschemas,
-    bound_runaway_values,
-    check_keywords,
-    choices_regex,
-    parse_schema,
-)
+from runtime.constrained.json_rules import bound_runaway_values, check_keywords, parse_schema, subschemas
+from runtime.constrained.schema import choices_regex
 
-# Keywords xgrammar 0.2 enforces (annotations are always fine: see schema.ANNOTATIONS).
+# Keywords xgrammar 0.2 enforces (annotations are always fine: see json_rules.ANNOTATIONS).
 XGRAMMAR_KEYWORDS = frozenset({
     "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
     "enum", "const", "anyOf", "$ref", "$defs", "definitions", "pattern", "format",
@@ -90,7 +85,7 @@ def _refuse_combinations(schema: dict | bool) -> None:
         if "$ref" in s and any(k in s for k in XGRAMMAR_KEYWORDS if k not in ("$ref", "$defs", "definitions")):
             raise GrammarValidationError("unsupported JSON schema: keywords beside '$ref' (the xgrammar grammar "
                                          "backend enforces only the reference)")
-        stack.extend(_subschemas(s))
+        stack.extend(subschemas(s))
 
 
 def _check_schema(spec: str, cfg: GrammarConfig) -> dict | bool:

@@ -35,6 +35,7 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
+    structural_tag: str | None = None  # SGLang's {"structures": [...], "triggers": [...]} as JSON text
     choices: list[str] | None = None
     logit_bias: dict[str, float] | None = None  # {token id as str: bias}
     sampling_seed: int | None = None
@@ -60,14 +61,20 @@ class SamplingParams(msgspec.Struct, kw_only=True):
                 kw[key] = [kw[key]]
         if isinstance(kw.get("stop_token_ids"), int):
             kw["stop_token_ids"] = [kw["stop_token_ids"]]
-        if isinstance(kw.get("json_schema"), dict):
-            import json
+        for key in ("json_schema", "structural_tag"):
+            if isinstance(kw.get(key), dict):
+                import json
 
-            kw["json_schema"] = json.dumps(kw["json_schema"])
+                kw[key] = json.dumps(kw[key])
         try:
             return msgspec.convert(kw, cls, strict=False)
         except msgspec.ValidationError as e:
             raise ValueError(f"invalid sampling_params: {e}") from None
+
+    @property
+    def constraints(self) -> tuple[str | list[str] | None, ...]:
+        """The grammar constraint fields (at most one is set)."""
+        return (self.regex, self.json_schema, self.ebnf, self.structural_tag, self.choices)
 
     @property
     def is_greedy(self) -> bool:
@@ -102,8 +109,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             raise ValueError(f"n must be at least 1, got {self.n}")
         if any(s == "" for s in self.stop):
             raise ValueError("stop cannot contain an empty string")
-        if sum(x is not None for x in (self.regex, self.json_schema, self.ebnf, self.choices)) > 1:
-            raise ValueError("only one of regex, json_schema, ebnf and choices may be set")
+        if sum(x is not None for x in self.constraints) > 1:
+            raise ValueError("only one of regex, json_schema, ebnf, structural_tag and choices may be set")
         if any(t < 0 or (vocab_size is not None and t >= vocab_size) for t in self.stop_token_ids):
             raise ValueError("stop_token_ids must be valid token ids")
         for key, bias in (self.logit_bias or {}).items():

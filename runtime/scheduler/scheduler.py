@@ -78,7 +78,7 @@ class GrammarBackend(Protocol):
 
 
 def _is_constrained(p: SamplingParams) -> bool:
-    return any(x is not None for x in (p.regex, p.json_schema, p.ebnf, p.choices))
+    return any(x is not None for x in p.constraints)
 
 
 class Scheduler:

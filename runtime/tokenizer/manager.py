@@ -72,7 +72,8 @@ def check_constraint(sp: SamplingParams, grammar: GrammarConfig | str | None, na
         code = getattr(e, "code", "invalid_value")
         if names is not None and names.constraint is not None:
             raise RequestError(f"'{names.constraint}': {e}"[:500], names.constraint, code) from None
-        kind = next(k for k in ("regex", "json_schema", "ebnf", "choices") if getattr(sp, k) is not None)
+        kind = next(k for k in ("regex", "json_schema", "ebnf", "structural_tag", "choices")
+                    if getattr(sp, k) is not None)
         raise RequestError(f"{kind}: {e}"[:500], f"sampling_params.{kind}", code) from None
 
 
@@ -240,7 +241,7 @@ class TokenizerManager:
         if len(sp.stop) > srv.max_stop_strings or any(len(s) > srv.max_stop_string_len for s in sp.stop):
             raise RequestError(f"at most {srv.max_stop_strings} stop strings of at most "
                                f"{srv.max_stop_string_len} characters", "sampling_params.stop")
-        if any(x is not None for x in (sp.regex, sp.json_schema, sp.ebnf, sp.choices)):
+        if any(x is not None for x in sp.constraints):
             if self.cfg.grammar.grammar_backend == "none":
                 raise RequestError("constrained decoding is off (--grammar-backend none)", "sampling_params")
             check_constraint(sp, self.cfg.grammar, req.openai)

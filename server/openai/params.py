@@ -276,7 +276,8 @@ def response_format_schema(v: Any) -> str | None:
     if kind == "json_object":
         return JSON_OBJECT_SCHEMA
     if kind != "json_schema":
-        raise RequestError(f"'response_format.type' must be text, json_object or json_schema, got {kind!r}"[:200],
+        raise RequestError(f"'response_format.type' must be text, json_object, json_schema or structural_tag, got "
+                           f"{kind!r}"[:200],
                            "response_format.type", "invalid_value")
     spec = v.get("json_schema")
     if spec is None and "schema" in v:  # a bare top-level schema (SGLang accepts it)
@@ -299,13 +300,34 @@ def response_format_schema(v: Any) -> str | None:
     return check_schema(schema, "response_format.json_schema.schema")
 
 
+def structural_tag_spec(rf: dict[str, Any]) -> str:
+    """SGLang's `{"type": "structural_tag", "structures": [{"begin", "schema", "end"}], "triggers": [...]}` as the
+    structural_tag constraint text (its shape is checked by the grammar backend, naming the problem)."""
+    extra = sorted(set(rf) - {"type", "structures", "triggers"})
+    if extra:
+        raise RequestError(f"'response_format' of type structural_tag takes structures and triggers, not {extra}"
+                           [:200], f"response_format.{extra[0]}", "unsupported_parameter")
+    for key in ("structures", "triggers"):
+        if not isinstance(rf.get(key), list):
+            raise RequestError(f"'response_format.{key}' must be an array", f"response_format.{key}",
+                               "missing_required_parameter" if rf.get(key) is None else "invalid_type")
+    for i, st in enumerate(rf["structures"]):
+        if isinstance(st, dict) and st.get("schema") is not None:
+            check_schema(st["schema"], f"response_format.structures[{i}].schema")
+    return json.dumps({"structures": rf["structures"], "triggers": rf["triggers"]}, separators=(",", ":"))
+
+
 def constraint(body: Body, srv_json_schema: str | None = None) -> tuple[dict[str, str], str | None]:
     """At most one of response_format / json_schema / regex / ebnf, as a sampling-params entry, and the
     request parameter it came from (for errors)."""
     found: dict[str, tuple[str, str]] = {}  # param name -> (sampling key, value)
-    rf = response_format_schema(body.raw("response_format"))
-    if rf is not None:
-        found["response_format"] = ("json_schema", rf)
+    rf_raw = body.raw("response_format")
+    if isinstance(rf_raw, dict) and rf_raw.get("type") == "structural_tag":
+        found["response_format"] = ("structural_tag", structural_tag_spec(rf_raw))
+    else:
+        rf = response_format_schema(rf_raw)
+        if rf is not None:
+            found["response_format"] = ("json_schema", rf)
     if srv_json_schema is not None:
         found["json_schema"] = ("json_schema", srv_json_schema)
     regex = body.string("regex")

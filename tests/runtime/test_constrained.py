@@ -432,23 +432,74 @@ def test_grammar_finish_keeps_the_last_content_token(backend, tok) -> None:
 
 
 def test_structural_tag_constrains_only_inside_the_tag(backend, tok) -> None:
-    """SGLang's structural_tag: free text, and inside begin..end the schema holds (xgrammar; the others refuse)."""
-    spec = json.dumps({"structures": [{"begin": "<call>", "schema": {
-        "type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"]},
-        "end": "</call>"}], "triggers": ["<call>"]})
+    """SGLang's structural_tag: free text, and inside begin..end the schema holds; a trigger cannot pass as plain
+    text (llguidance and xgrammar; outlines refuses)."""
+    spec = json.dumps({"structures": [
+        {"begin": "<call=a>", "schema": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+                                                                                "maximum": 9}}, "required": ["n"]},
+         "end": "</call>"},
+        {"begin": "<call=b>", "schema": {"type": "object", "properties": {"s": {"enum": ["x", "y"]}},
+                                         "required": ["s"]}, "end": "</call>"}], "triggers": ["<call="]})
     g = backend.compile_blocking("structural_tag", spec)
-    if backend.name != "xgrammar":
+    if backend.name == "outlines":
         assert isinstance(g, GrammarError) and "structural_tag" in g.message
         return
     assert isinstance(g, Grammar), g
 
-    def ok(text: str) -> bool:
+    def ok(text: str, done: bool = False) -> bool:
         ids = tok.encode(text, add_special_tokens=False, allow_special=False)
-        return g.copy().can_accept(ids)
+        state = g.copy()
+        if not state.can_accept(ids):
+            return False
+        state.accept_tokens(ids)
+        return not done or state.is_accepting()
 
-    assert ok('Sure. <call>{"n":3}</call> done')
-    assert not ok('Sure. <call>{"n":"x"}')
-    assert not ok('<call>{"n":12}')
+    assert ok('Sure. <call=a>{"n":3}</call> then <call=b>{"s":"y"}</call> done', done=True)
+    assert ok("no call at all", done=True) and ok('<call=a>{"n":0}</call>', done=True)
+    assert not ok('Sure. <call=a>{"n":"x"}')
+    assert not ok('<call=a>{"n":12}')
+    assert not ok('<call=b>{"s":"z"}')
+    assert not ok("<call=c>{}")  # a trigger begins a tag: no structure begins <call=c>
+    assert not ok('<call=a>{"n":3}</call> <call=a> as text')
+    assert not ok('<call=a>{"n":3}', done=True)  # a tag left open is not an accepting state
+
+
+def test_numbers_get_at_most_10_fraction_digits_on_llguidance(tok, monkeypatch) -> None:
+    """A `number` without multipleOf cannot run on in its fraction (json_bound_numbers, on by default)."""
+    spec = json.dumps({"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]})
+
+    def accepts(cfg: GrammarConfig, text: str) -> bool:
+        be = GrammarBackend.from_tokenizer(tok, cfg, num_workers=1)
+        try:
+            g = be.compile_blocking("json_schema", spec)
+            ids = tok.encode(text, add_special_tokens=False)
+            if not g.can_accept(ids):
+                return False
+            g.accept_tokens(ids)
+            return g.is_accepting()
+        finally:
+            be.close()
+
+    bounded, free = GrammarConfig(), GrammarConfig(json_bound_numbers=False)
+    assert accepts(bounded, '{"x":-3.1415926535}') and accepts(bounded, '{"x":42}')
+    assert not accepts(bounded, '{"x":3.14159265358}')  # 11 fraction digits
+    assert not accepts(bounded, '{"x":1e5}')
+    assert accepts(free, '{"x":3.14159265358}') and accepts(free, '{"x":1e5}')
+    # a bound llguidance refuses (multipleOf 1e-12: "too many digits") falls back to free numbers, not a 400
+    monkeypatch.setattr("runtime.constrained.json_rules.NUMBER_FRACTION_DIGITS", 12)
+    assert accepts(bounded, '{"x":1e5}')
+
+
+def test_structural_tag_spec_errors_name_the_problem(tok) -> None:
+    from runtime.constrained.structural_tag import parse_structural_tag
+
+    for spec, words in ((json.dumps({"structures": [], "triggers": ["<"]}), "structures"),
+                        (json.dumps({"structures": [{"begin": "<a>", "schema": {}, "end": "</a>"}]}), "triggers"),
+                        (json.dumps({"structures": [{"begin": "<a>", "schema": {}, "end": "</a>"}],
+                                     "triggers": ["<b"]}), "starts with none"),
+                        ("{", "not valid JSON")):
+        with pytest.raises(ValueError, match=words):
+            parse_structural_tag(spec)
 
 
 def test_objects_with_listed_properties_are_closed_by_default(backend, tok) -> None:

@@ -10,14 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.constrained.schema import (
-    MAX_REPEAT,
-    GrammarValidationError,
-    choices_regex,
-    int_range_regex,
-    to_regex,
-    validate,
-)
+from runtime.constrained.errors import GrammarValidationError
+from runtime.constrained.ranges import int_range_regex
+from runtime.constrained.schema import MAX_REPEAT, choices_regex, to_regex, validate
 
 
 @pytest.mark.parametrize(("kind", "spec", "needle"), [

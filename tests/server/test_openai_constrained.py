@@ -1,6 +1,7 @@
 """response_format and tool_choice through the official `openai` client against one real server: 20 JSON
 schemas whose every output validates, json_object outputs that are objects, and required / named
-tool_choice whose arguments always validate against the tool's schema (20 of 20 each).
+tool_choice whose arguments always validate against the tool's schema (20 of 20 each), SGLang's structural_tag
+(response_format and native).
 
 Requests run concurrently (the scheduler batches them), so the module costs a few dozen decode steps.
 The server runs with default flags (the default grammar backend): a missing backend fails start-up, not a test.
@@ -228,3 +229,32 @@ def test_native_ebnf_and_regex(server):
         out = c.post("/generate", json={"text": "A code:", "sampling_params": {
             "max_new_tokens": 12, "temperature": 0.8, "regex": "[A-Z]{3}-[0-9]{2}"}}).json()
         assert re.fullmatch("[A-Z]{3}-[0-9]{2}", out["text"]), out
+
+
+# free text; an opening brace may only begin {"city": <Paris or Rome>}
+CITY_TAG = {"triggers": ["{"], "structures": [{"begin": "{\"city\": ", "schema": {"enum": ["Paris", "Rome"]},
+                                                "end": "}"}]}
+
+
+def _tags_hold(text: str) -> bool:
+    """Every "{" of `text` starts a complete tag of CITY_TAG."""
+    return all(re.match(r'\{"city": "(Paris|Rome)"\}', text[i:]) for i, ch in enumerate(text) if ch == "{")
+
+
+def test_structural_tag_response_format_and_native(server, client):
+    r = client.chat.completions.create(
+        model=client.model_name, temperature=0, max_tokens=40,
+        response_format={"type": "structural_tag", **CITY_TAG},  # type: ignore[arg-type]
+        messages=[{"role": "user", "content": "Give the capital of France as a JSON object with key city."}])
+    text = r.choices[0].message.content
+    assert '{"city": "Paris"}' in text and _tags_hold(text), text
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        outs = c.post("/generate", json={"text": ["JSON: {", "Cities in JSON, like {\"city\": \"Rome\"}, and "],
+                                         "sampling_params": {"max_new_tokens": 24, "temperature": 0.8,
+                                                             "structural_tag": CITY_TAG}}).json()
+        assert all(_tags_hold(o["text"]) for o in outs), outs
+        bad = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+                                                   "response_format": {"type": "structural_tag", "triggers": ["<b"],
+                                                                       "structures": [{"begin": "<a>", "schema": {},
+                                                                                       "end": "</a>"}]}})
+        assert bad.status_code == 400 and "starts with none of the triggers" in bad.json()["error"]["message"]

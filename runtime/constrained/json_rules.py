@@ -1,0 +1,212 @@
+"""JSON-schema rules shared by the llguidance and xgrammar backends: parsing a schema under the draft it names,
+bounding runaway values, and refusing keywords a backend would ignore.
+
+Data flow: request schema text -> `parse_schema` (draft normalized to 2020-12) -> `bound_runaway_values` (and, on
+llguidance, `bound_numbers`) -> `check_keywords` (xgrammar) -> the backend's own compiler.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from runtime.constrained.errors import fail as _fail
+
+
+def nesting_depth(x: Any, limit: int) -> int:
+    stack = [(x, 1)]
+    deepest = 0
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        if deepest > limit:
+            return deepest
+        if isinstance(node, dict):
+            stack.extend((v, d + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, d + 1) for v in node)
+    return deepest
+
+
+MAX_SAFE_INTEGER = 2**53 - 1  # I-JSON (RFC 7493): integers beyond this do not survive a JSON round trip
+
+# The validation keywords of JSON Schema drafts 04 to 2020-12 (anything else is an annotation or an unknown
+# keyword, which validators ignore too): check_keywords refuses those a backend does not enforce.
+VALIDATION_KEYWORDS = frozenset({
+    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+    "maxLength", "minLength", "pattern", "format", "items", "additionalItems", "prefixItems", "maxItems",
+    "minItems", "uniqueItems", "contains", "maxContains", "minContains", "maxProperties", "minProperties",
+    "required", "properties", "patternProperties", "additionalProperties", "propertyNames", "dependencies",
+    "dependentRequired", "dependentSchemas", "allOf", "anyOf", "oneOf", "not", "if", "then", "else",
+    "unevaluatedItems", "unevaluatedProperties", "$ref", "$dynamicRef", "$recursiveRef",
+})
+ANNOTATIONS = frozenset({"$defs", "definitions"})  # containers of subschemas, checked when referenced
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+_SUBSCHEMA_ONE = ("items", "additionalProperties", "contains", "not", "if", "then", "else", "propertyNames",
+                  "additionalItems", "unevaluatedItems", "unevaluatedProperties")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+
+MAX_SCHEMA_BYTES = 1 << 20  # llguidance / xgrammar bound their own work; this only bounds parsing
+MAX_SCHEMA_DEPTH = 128
+
+
+def parse_schema(spec: str) -> dict | bool:
+    """A JSON schema text -> the schema, checked against the draft its `$schema` names (2020-12 by default),
+    bounded in size and depth; draft-04 boolean exclusiveMinimum/exclusiveMaximum rewritten to numbers."""
+    if len(spec.encode("utf-8", "surrogatepass")) > MAX_SCHEMA_BYTES:
+        _fail(f"json_schema is larger than {MAX_SCHEMA_BYTES} bytes", "grammar_too_complex")
+    try:
+        schema = json.loads(spec)
+    except json.JSONDecodeError as e:
+        _fail(f"json_schema is not valid JSON: {e}")
+    if not isinstance(schema, (dict, bool)):
+        _fail("json_schema must be a JSON object (or boolean)")
+    if nesting_depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+        _fail(f"json_schema is nested deeper than {MAX_SCHEMA_DEPTH}", "grammar_too_complex")
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        where = "/".join(str(p) for p in e.path) or "(root)"
+        _fail(f"invalid JSON schema at {where}: {e.message}")
+    if schema is False:
+        _fail("json_schema `false` admits nothing")
+    if not isinstance(schema, dict):
+        return schema
+    draft = str(schema.get("$schema", ""))
+    return _normalize_draft(schema, any(f"draft-0{n}" in draft for n in (3, 4, 6, 7)))
+
+
+def subschemas(s: dict) -> list[Any]:
+    out: list[Any] = []
+    for k in _SUBSCHEMA_MAPS:
+        if isinstance(s.get(k), dict):
+            out.extend(s[k].values())
+    for k in _SUBSCHEMA_ONE:
+        v = s.get(k)
+        out.extend(v if isinstance(v, list) else [v])
+    for k in _SUBSCHEMA_LISTS:
+        if isinstance(s.get(k), list):
+            out.extend(s[k])
+    if isinstance(s.get("dependencies"), dict):
+        out.extend(v for v in s["dependencies"].values() if isinstance(v, dict))
+    return [x for x in out if isinstance(x, dict)]
+
+
+def _normalize_draft(s: dict, ref_overrides: bool) -> dict:
+    """In place, to 2020-12 meaning: draft-04 `exclusiveMaximum: true` (+ maximum) becomes
+    `exclusiveMaximum: <number>`; with `ref_overrides` (drafts 04-07) the keywords beside a `$ref` are dropped,
+    as those drafts ignore them (2019-09+ apply them)."""
+    for x, b in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(s.get(x), bool):
+            flag = s.pop(x)
+            if flag and isinstance(s.get(b), (int, float)):
+                s[x] = s.pop(b)
+    if ref_overrides and "$ref" in s:
+        for k in [k for k in s if k not in ("$ref", "$defs", "definitions")]:
+            del s[k]
+    for sub in subschemas(s):
+        _normalize_draft(sub, ref_overrides)
+    return s
+
+
+# Longest valid value of a string format (RFC 5321 section 4.5.3.1: a 254-byte address path; RFC 1035: 253-byte
+# host names; URIs past 2,000 characters are refused by common servers and browsers).
+EMAIL_PARTS = "^[^@]{1,64}@[^@]{1,253}$"
+FORMAT_MAX_LENGTH = {"email": 254, "idn-email": 254, "hostname": 253, "idn-hostname": 253, "uri": 2048,
+                     "uri-reference": 2048, "iri": 2048, "iri-reference": 2048}
+
+
+def bound_runaway_values(schema: dict | bool, enabled: bool = True, formats: bool = True,
+                         closed_objects: bool = False) -> dict | bool:
+    """Give every integer without a bound the I-JSON range [-(2^53-1), 2^53-1] (at most 16 digits), and every
+    string format with a standard length limit that limit as maxLength, so a sampled value cannot run on for
+    the whole token budget. Values these bounds cut off are ones no consumer accepts. closed_objects: an object
+    listing `properties` without additionalProperties/patternProperties gets `additionalProperties: false`
+    (not inside or beside an allOf, where branches share keys). In place."""
+    if not enabled or not isinstance(schema, dict):
+        return schema
+    stack = [schema]
+    in_all_of: set[int] = set()  # ids of subschemas that are allOf branches
+    while stack:
+        s = stack.pop()
+        if isinstance(s.get("allOf"), list):
+            in_all_of.update(id(x) for x in s["allOf"])
+        if (closed_objects and isinstance(s.get("properties"), dict) and id(s) not in in_all_of and "allOf" not in s
+                and not any(k in s for k in ("additionalProperties", "patternProperties", "unevaluatedProperties"))):
+            s["additionalProperties"] = False
+        t = s.get("type")
+        if t == "integer" or (isinstance(t, list) and "integer" in t and "number" not in t):
+            if "minimum" not in s and "exclusiveMinimum" not in s:
+                s["minimum"] = -MAX_SAFE_INTEGER
+            if "maximum" not in s and "exclusiveMaximum" not in s:
+                s["maximum"] = MAX_SAFE_INTEGER
+        limit = FORMAT_MAX_LENGTH.get(s.get("format")) if isinstance(s.get("format"), str) else None
+        if formats and limit is not None and not isinstance(s.get("maxLength"), int):
+            s["maxLength"] = limit
+        if formats and s.get("format") in ("email", "idn-email") and "pattern" not in s:
+            s["pattern"] = EMAIL_PARTS  # RFC 5321: a local part of at most 64 octets
+        stack.extend(subschemas(s))
+    return schema
+
+
+def check_keywords(schema: dict | bool, supported: frozenset[str], formats: frozenset[str], backend: str,
+                   lengths_with_patterns: bool = True) -> None:
+    """Refuse (GrammarValidationError naming it) any keyword the backend would ignore, so no output it emits
+    can fail validation because of it. lengths_with_patterns=False: minLength/maxLength next to a pattern or
+    format is refused too (xgrammar drops the length there)."""
+    if not isinstance(schema, dict):
+        return
+    stack: list[tuple[dict, str]] = [(schema, "#")]
+    while stack:
+        s, path = stack.pop()
+        if not lengths_with_patterns and ("pattern" in s or "format" in s) and (
+                "minLength" in s or "maxLength" in s):
+            _fail(f"unsupported at {path}: minLength/maxLength together with pattern/format (the {backend} grammar "
+                  "backend cannot enforce both)")
+        for k, v in s.items():
+            if k not in VALIDATION_KEYWORDS:
+                continue
+            if k not in supported:
+                _fail(f"unsupported JSON schema keyword {k!r} at {path} (the {backend} grammar backend cannot "
+                      "enforce it)")
+            if k == "format" and v not in formats:
+                _fail(f"unsupported JSON schema format {v!r} at {path} (the {backend} grammar backend cannot "
+                      "enforce it)")
+        for k in _SUBSCHEMA_MAPS:
+            if isinstance(s.get(k), dict):
+                stack.extend((x, f"{path}/{k}/{n}") for n, x in s[k].items() if isinstance(x, dict))
+        for k in _SUBSCHEMA_ONE:
+            if isinstance(s.get(k), dict):
+                stack.append((s[k], f"{path}/{k}"))
+            elif isinstance(s.get(k), list):
+                stack.extend((x, f"{path}/{k}/{i}") for i, x in enumerate(s[k]) if isinstance(x, dict))
+        for k in _SUBSCHEMA_LISTS:
+            if isinstance(s.get(k), list):
+                stack.extend((x, f"{path}/{k}/{i}") for i, x in enumerate(s[k]) if isinstance(x, dict))
+
+
+# llguidance takes multipleOf 1e-10 (1e-12 is refused: "too many digits", the float's decimal expansion)
+NUMBER_FRACTION_DIGITS = 10
+
+
+def bound_numbers(schema: dict | bool, digits: int | None = None) -> dict | bool:
+    """Give every `number` without multipleOf, enum or const the bound `multipleOf: 10^-digits` (default
+    NUMBER_FRACTION_DIGITS), which llguidance compiles as "at most `digits` fraction digits, no exponent": a
+    sampled number cannot run on in its fraction for the whole token budget. (Integers are bounded by
+    bound_runaway_values.) In place; only for backends that enforce a decimal multipleOf this way (llguidance;
+    xgrammar refuses multipleOf)."""
+    if not isinstance(schema, dict):
+        return schema
+    step = float(f"1e-{NUMBER_FRACTION_DIGITS if digits is None else digits}")
+    stack = [schema]
+    while stack:
+        s = stack.pop()
+        t = s.get("type")
+        if (t == "number" or (isinstance(t, list) and "number" in t)) and not any(
+                k in s for k in ("multipleOf", "enum", "const")):
+            s["multipleOf"] = step
+        stack.extend(subschemas(s))
+    return schema
