@@ -184,6 +184,13 @@ class ParallelConfig:
     load is unbalanced), round_robin, random or power_of_two."""
     router_binary: str | None = None
     """The sglang-router executable (default: the one beside this Python, else on PATH)."""
+    tp_size: int = 1
+    """Tensor parallel: shard the model's attention heads and MLP over this many ranks (processes of this
+    server joined by torch.distributed, gloo on CPU, NCCL on CUDA); it must divide the model's query heads,
+    key/value heads and intermediate size (SmolLM2-135M: 1 or 3). Dense weights only (quantization auto
+    becomes none). Each rank gets num_threads // tp_size threads."""
+    dist_init_addr: str | None = None
+    """host:port where the tensor-parallel ranks meet (default: 127.0.0.1 and a free port)."""
 
 
 @dataclass(frozen=True)
@@ -226,6 +233,8 @@ def resolve(cfg: Config) -> Config:
     """Resolve cross-field defaults (auto values) in one tested place."""
     if cfg.parallel.dp_size < 1:
         raise ValueError(f"--dp-size must be at least 1, got {cfg.parallel.dp_size}")
+    if cfg.parallel.tp_size < 1:
+        raise ValueError(f"--tp-size must be at least 1, got {cfg.parallel.tp_size}")
     sched = cfg.scheduler
     if sched.schedule_policy == "auto":
         policy = "fcfs" if cfg.cache.disable_radix_cache else "lpm"
@@ -238,6 +247,8 @@ def resolve(cfg: Config) -> Config:
 
         model = dataclasses.replace(model, device="cuda" if torch.cuda.is_available() else "cpu")
     model = dataclasses.replace(model, quantization=_resolve_quantization(model))
+    if cfg.parallel.tp_size > 1 and model.quantization == "auto":
+        model = dataclasses.replace(model, quantization="none")  # shards are cut from dense weights
     if model.dtype == "auto":
         bf16 = model.device == "cuda" or cpu_has_native_bf16() or model.quantization != "none"
         model = dataclasses.replace(model, dtype="bfloat16" if bf16 else "float32")

@@ -81,7 +81,11 @@ class ProcessGroup:
         env = load_env()
         flat = cfg.to_dict()
         flat["model_path"] = resolve_model_path(cfg.model.model_path)
+        tp = cfg.parallel.tp_size
+        if tp > 1 and not flat["dist_init_addr"]:
+            flat["dist_init_addr"] = f"127.0.0.1:{_free_port()}"
         self.config = flat
+        self.names = [*CHILDREN, *(f"tp rank {r}" for r in range(1, tp))]
         self.endpoints, self._ipc_dir = Endpoints.create()
         self._spec = {
             "config": flat, "endpoints": self.endpoints._asdict(), "parent_pid": os.getpid(),
@@ -100,13 +104,18 @@ class ProcessGroup:
 
     def start(self) -> None:
         from runtime.detokenizer.process import run_detokenizer_process
+        from runtime.executor.tp_follower import run_tp_rank_process
         from runtime.scheduler.process import run_scheduler_process
 
         mp = multiprocessing.get_context("spawn")
         targets = {"scheduler": run_scheduler_process, "detokenizer": run_detokenizer_process}
         with _main_module_hidden():
-            for name in CHILDREN:
-                p = mp.Process(target=targets[name], args=(self._spec,), name=f"radixgen-{name}")
+            for name in self.names:
+                if name in targets:
+                    target, spec = targets[name], self._spec
+                else:  # "tp rank r": a follower rank of the scheduler's model (runtime/executor/tp.py)
+                    target, spec = run_tp_rank_process, {**self._spec, "tp_rank": int(name.rsplit(" ", 1)[1])}
+                p = mp.Process(target=target, args=(spec,), name=f"radixgen-{name.replace(' ', '-')}")
                 p.start()
                 self.procs[name] = p
         atexit.register(self.shutdown)
@@ -125,7 +134,7 @@ class ProcessGroup:
                 raise LaunchError("shut down before the children were ready")
             self._waiting = True
         try:
-            while len(infos) < len(CHILDREN):
+            while len(infos) < len(self.names):
                 msg = self._ready.recv(timeout_ms=100)
                 if msg is not None:
                     if not msg.ok:
@@ -138,7 +147,7 @@ class ProcessGroup:
                     if name not in infos and not p.is_alive():
                         raise LaunchError(f"the {name} process {describe_exit(p.exitcode)} while starting")
                 if time.monotonic() > deadline:
-                    missing = [n for n in CHILDREN if n not in infos]
+                    missing = [n for n in self.names if n not in infos]
                     raise LaunchError(f"timed out after {timeout:g} s waiting for {', '.join(missing)} to start")
         finally:
             with self._lock:
@@ -250,6 +259,14 @@ class Launch:
 
     def shutdown(self) -> None:
         self.group.shutdown()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def become_subreaper() -> None:

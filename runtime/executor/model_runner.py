@@ -25,11 +25,13 @@ import torch
 from kernels import create_attn_backend
 from runtime.config import Config, resolve
 from runtime.env import load_env
+from runtime.executor import tp
 from runtime.executor.compiled import build_compiled_decode
 from runtime.executor.cuda_graph import CudaGraphRunner, DecodeGraphRunner
 from runtime.executor.forward_batch import ForwardBatch
 from runtime.executor.memory import KVPool, ReqToTokenTable, SlotAllocator, gpu_kv_slots
 from runtime.executor.staging import upload
+from runtime.models import tensor_parallel
 from runtime.models.arch import ModelArch
 from runtime.models.llama import LlamaForCausalLM
 from runtime.models.loader import load_weights, read_eos_ids
@@ -43,20 +45,29 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.
 
 
 class ModelRunner:
-    def __init__(self, cfg: Config, progress: bool = True) -> None:
+    def __init__(self, cfg: Config, progress: bool = True, tp_rank: int = 0) -> None:
+        """tp_rank: this process's tensor-parallel rank (0: the scheduler's; see runtime/executor/tp.py)."""
         cfg = resolve(cfg)
         self.cfg = cfg
         mc = cfg.model
         self.device = torch.device(mc.device)
         self.dtype = DTYPES[mc.dtype]
-        if mc.num_threads and self.device.type == "cpu":
-            torch.set_num_threads(mc.num_threads)
+        self.tp_size, self.tp_rank = cfg.parallel.tp_size, tp_rank
+        threads = mc.num_threads if self.tp_size == 1 else tp.threads_per_rank(cfg)
+        if threads and self.device.type == "cpu":
+            torch.set_num_threads(threads)
         self.model_path = resolve_model_path(mc.model_path)
         arch, weights = load_weights(self.model_path, self.dtype, progress, mc.quantization,
                                      mc.quantization_group_size)
-        self.arch: ModelArch = arch
         quantized = describe_quantized(weights)
-        self.model = LlamaForCausalLM(arch, weights, self.device, self.dtype)
+        reduce = None
+        if self.tp_size > 1:  # this rank's heads and MLP columns (the whole model's shape checked first)
+            weights = tensor_parallel.shard_weights(weights, arch, tp_rank, self.tp_size)
+            arch = tensor_parallel.local_arch(arch, self.tp_size)
+            tp.init_group(cfg, tp_rank)
+            reduce = tensor_parallel.all_reduce_sum()
+        self.arch: ModelArch = arch
+        self.model = LlamaForCausalLM(arch, weights, self.device, self.dtype, reduce=reduce)
         self.weights_bytes = self.model.weights_nbytes()
         log.info("weights: %.1f MB on %s (quantization %s: %s)", self.weights_bytes / 2**20, self.device,
                  mc.quantization, quantized)
@@ -73,12 +84,15 @@ class ModelRunner:
         log.info("model %s: %d layers, KV pool %d slots, backend %s, %s",
                  self.model_path, arch.num_layers, num_slots, mc.attention_backend, mc.dtype)
         self.graph_runner: DecodeGraphRunner | None = None
-        if self.device.type == "cpu" and not (mc.disable_compile or load_env().disable_compile):
+        if self.tp_size > 1:
+            log.info("tensor parallel rank %d/%d: eager forward (no compiled or captured graphs)", tp_rank,
+                     self.tp_size)
+        elif self.device.type == "cpu" and not (mc.disable_compile or load_env().disable_compile):
             max_bs = min(mc.compile_max_bs, cfg.scheduler.max_running_requests)
             self.graph_runner = build_compiled_decode(
                 self.model, self.attn, self.req_to_token.table, self.pool.pad_slot, max_bs, progress
             )
-        if self.device.type == "cuda" and not mc.disable_cuda_graph:
+        if self.device.type == "cuda" and not mc.disable_cuda_graph and self.tp_size == 1:
             if self.attn.supports_cuda_graph:
                 max_bs = min(mc.cuda_graph_max_bs, cfg.scheduler.max_running_requests)
                 self.graph_runner = CudaGraphRunner(
@@ -97,16 +111,30 @@ class ModelRunner:
         elif self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             free, total = torch.cuda.mem_get_info(self.device)
-            return gpu_kv_slots(total, free, cfg.model.mem_fraction_static, per_slot, cfg.cache.page_size)
+            n = gpu_kv_slots(total, free, cfg.model.mem_fraction_static, per_slot, cfg.cache.page_size)
         else:
             n = min(CPU_KV_BUDGET_BYTES // per_slot, 16 * self.context_len)
         page = cfg.cache.page_size
-        return max(page, n // page * page)
+        n = max(page, n // page * page)
+        if self.tp_size > 1:  # every rank's pool has the same slots (rank 0's allocator hands them out)
+            import torch.distributed as dist
+
+            t = torch.tensor([n], dtype=torch.int64)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            n = int(t.item())
+        return n
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits [len(fb.logits_indices), vocab] float32 on the model's device for one step (on CUDA a
-        graph replay's logits are a view valid until the next forward)."""
+        graph replay's logits are a view valid until the next forward). Under tensor parallelism rank 0 first
+        sends the step to the other ranks, which run it too (`forward_local`)."""
         self.req_to_token.flush()
+        if self.tp_size > 1:
+            tp.broadcast_step(tp.step_payload(fb, self.req_to_token.table))
+        return self.forward_local(fb)
+
+    def forward_local(self, fb: ForwardBatch) -> torch.Tensor:
+        """This rank's forward of `fb` (its req_to_token rows already in the table)."""
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             return self.graph_runner.replay(fb)
         lens = [torch.tensor(x, dtype=torch.int64) for x in (fb.seq_lens, fb.prefix_lens, fb.extend_lens)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -124,3 +125,104 @@ def test_quantized_weights_are_refused():
     w[name] = quant.quantize(w[name], "int8", 32)
     with pytest.raises(ValueError, match="--quantization none"):
         shard_weights(w, TINY, 0, 2)
+
+
+def test_engine_tp2_generates_what_tp1_generates(tmp_path, smollm_path):
+    """The whole runtime at --tp-size 2 (scheduler = rank 0, one follower process, gloo): a batch of greedy
+    requests, one sharing a cached prefix, gives the TP=1 tokens and logprobs (float32, within 1e-4)."""
+    import runtime
+    from tests.runtime.test_model import _tiny_checkpoint
+
+    path = _tiny_checkpoint(tmp_path, "llama")
+    prompts = [[5, 9, 33, 71, 2, 140, 19, 7], [5, 9, 33, 71, 2, 140, 200, 64, 28, 3, 1], [250, 17]]
+    sp = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    results = {}
+    for tp in (1, 2):
+        with runtime.Engine(path, tokenizer_path=smollm_path, tp_size=tp, dtype="float32", max_total_tokens=512,
+                            log_level="warning") as eng:
+            first = eng.generate(input_ids=prompts[0], sampling_params=sp, return_logprob=True)
+            rest = eng.generate(input_ids=prompts[1:], sampling_params=sp, return_logprob=True)
+            results[tp] = [first, *rest]
+            if tp == 2:
+                assert eng.get_server_info()["tp_size"] == 2 and "tp rank 1" in eng._launch.group.pids
+    assert results[2][1]["meta_info"]["cached_tokens"] > 0  # the shared prefix came from the radix cache
+    for one, two in zip(results[1], results[2], strict=True):
+        assert two["output_ids"] == one["output_ids"]
+        lp1 = [x[0] for x in one["meta_info"]["output_token_logprobs"]]
+        lp2 = [x[0] for x in two["meta_info"]["output_token_logprobs"]]
+        assert max(abs(a - b) for a, b in zip(lp1, lp2, strict=True)) < 1e-4
+
+
+def test_a_dead_rank_stops_the_server_naming_it(tmp_path, smollm_path):
+    import os
+    import signal
+    import subprocess
+
+    from tests.runtime.test_model import _tiny_checkpoint
+    from tests.server.conftest import ServerProc, alive, descendants
+
+    path = _tiny_checkpoint(tmp_path, "llama")
+    s = ServerProc("--model-path", path, "--tokenizer-path", smollm_path, "--tp-size", "2", "--dtype", "float32",
+                   "--max-total-tokens", "512", "--log-level", "warning").wait_ready()
+    try:
+        with s.client() as c:
+            r = c.post("/generate", json={"input_ids": [5, 9, 33], "sampling_params": {"max_new_tokens": 4}})
+            assert r.status_code == 200 and len(r.json()["output_ids"]) == 4
+        tree = descendants(s.proc.pid)
+        (rank1,) = [p for p in tree if Path(f"/proc/{p}/comm").read_text().strip() == "rg-tp rank 1"]
+        os.kill(rank1, signal.SIGKILL)
+        try:
+            assert s.proc.wait(30) == 1
+        except subprocess.TimeoutExpired:
+            raise AssertionError(s.output[-3000:]) from None
+        assert "the tp rank 1 process was killed by signal SIGKILL" in s.output
+        assert not [p for p in tree if alive(p)]
+    finally:
+        s.stop()
+
+
+def _smollm_rank(rank: int, tp: int, port: int, path: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from runtime.models.loader import load_weights
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=tp)
+    try:
+        arch, w = load_weights(path, torch.float32, False, "none", 32)
+        model = LlamaForCausalLM(local_arch(arch, tp), shard_weights(w, arch, rank, tp), "cpu", torch.float32,
+                                 reduce=all_reduce_sum())
+        del w
+        with torch.inference_mode():
+            torch.save(logits_of(model, arch), f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_smollm2_tp3_logits_equal_tp1(tmp_path, smollm_path):
+    """SmolLM2-135M's 9 heads / 3 KV heads split over tp 3 (its only split besides 1). Its float32 logits
+    (|logit| up to ~30, 30 layers) move by ~1e-4 under any change of summation order (TP=1 float32 is
+    1.1e-4 from float64), so 1e-4 absolute is below float32's own error here; the bound is that error: TP=3
+    float32 is within 2x of TP=1 float32's distance to float64 (measured 1.3e-4 TP=3 vs TP=1), and the
+    greedy token is the same at every position."""
+    import torch.multiprocessing as mp
+
+    from runtime.models.loader import load_weights
+
+    refs = {}
+    for dtype in (torch.float64, torch.float32):
+        arch, w = load_weights(smollm_path, dtype, False, "none", 32)
+        with torch.inference_mode():
+            refs[dtype] = logits_of(LlamaForCausalLM(arch, w, "cpu", dtype), arch)
+        del w
+    assert (arch.num_heads, arch.num_kv_heads) == (9, 3)
+    ref, exact = refs[torch.float32], refs[torch.float64]
+    fp32_error = (ref.double() - exact).abs().max().item()
+    out = str(tmp_path / "logits")
+    mp.start_processes(_smollm_rank, args=(3, _free_port(), smollm_path, out), nprocs=3, join=True,
+                       start_method="spawn")
+    for rank in range(3):
+        got = torch.load(f"{out}.{rank}")
+        tp_error = (got.double() - exact).abs().max().item()
+        assert tp_error <= 2 * fp32_error, (tp_error, fp32_error, (got - ref).abs().max().item())
+        assert torch.equal(got.argmax(-1), ref.argmax(-1))
