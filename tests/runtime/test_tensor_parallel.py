@@ -5,7 +5,6 @@ position, and the same greedy tokens; the split rule refuses SmolLM2's 9 heads /
 from __future__ import annotations
 
 import dataclasses
-import socket
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from kernels import quant
 from runtime.models.arch import ModelArch
 from runtime.models.llama import LlamaForCausalLM
 from runtime.models.tensor_parallel import all_reduce_sum, check, local_arch, shard_weights
+from tests.server.conftest import free_port
 
 TINY = ModelArch(arch="llama", hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                  head_dim=16, vocab_size=96, rms_eps=1e-5, rope_theta=10000.0, max_position=64,
@@ -74,12 +74,6 @@ def _rank(rank: int, tp: int, port: int, qwen2: bool, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("qwen2", [False, True], ids=["llama", "qkv-bias"])
 def test_tp2_logits_equal_tp1(tmp_path, qwen2):
     import torch.multiprocessing as mp
@@ -88,7 +82,7 @@ def test_tp2_logits_equal_tp1(tmp_path, qwen2):
     with torch.inference_mode():
         ref = logits_of(LlamaForCausalLM(arch, tiny_weights(arch, qwen2), "cpu", torch.float32), arch)
     out = str(tmp_path / "logits")
-    mp.start_processes(_rank, args=(2, _free_port(), qwen2, out), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(_rank, args=(2, free_port(), qwen2, out), nprocs=2, join=True, start_method="spawn")
     for rank in range(2):
         got = torch.load(f"{out}.{rank}")
         assert got.shape == ref.shape == (len(PROMPT), TINY.vocab_size)
@@ -219,7 +213,7 @@ def test_smollm2_tp3_logits_equal_tp1(tmp_path, smollm_path):
     ref, exact = refs[torch.float32], refs[torch.float64]
     fp32_error = (ref.double() - exact).abs().max().item()
     out = str(tmp_path / "logits")
-    mp.start_processes(_smollm_rank, args=(3, _free_port(), smollm_path, out), nprocs=3, join=True,
+    mp.start_processes(_smollm_rank, args=(3, free_port(), smollm_path, out), nprocs=3, join=True,
                        start_method="spawn")
     for rank in range(3):
         got = torch.load(f"{out}.{rank}")

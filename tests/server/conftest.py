@@ -62,6 +62,21 @@ def alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] != "Z"
 
 
+def stop_tree(proc: subprocess.Popen) -> None:
+    """SIGTERM `proc` (SIGKILL after 10 s), then SIGKILL whatever of its process tree is left."""
+    tree = descendants(proc.pid)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    for pid in tree:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
 class ServerProc:
     def __init__(self, *args: str, fake: bool = False, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
@@ -99,17 +114,7 @@ class ServerProc:
         return httpx.Client(base_url=self.url, timeout=kw.pop("timeout", 60.0), **kw)
 
     def stop(self) -> None:
-        tree = descendants(self.proc.pid)
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        for pid in tree:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+        stop_tree(self.proc)
 
 
 @pytest.fixture

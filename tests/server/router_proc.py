@@ -4,8 +4,6 @@ output collected, waited for until every worker is registered and healthy (bound
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import threading
 import time
@@ -14,7 +12,7 @@ from collections.abc import Sequence
 import httpx
 
 from server.router import find_router, router_command
-from tests.server.conftest import descendants, free_port
+from tests.server.conftest import free_port, stop_tree
 
 
 class RouterProc:
@@ -56,14 +54,4 @@ class RouterProc:
         raise RuntimeError(f"router did not register {self.workers}:\n{self.output[-4000:]}")
 
     def stop(self) -> None:
-        tree = descendants(self.proc.pid)
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        for pid in tree:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+        stop_tree(self.proc)
