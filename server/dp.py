@@ -5,6 +5,8 @@ with the same flags, `--dp-size 1`, 127.0.0.1 and a free port each, `--num-threa
 answers `/health` 200 -> start `sglang-router launch` on --host/--port in front of them (server/router.py) ->
 wait until it lists every worker healthy -> print `radixgen ready on http://HOST:PORT`.
 
+On CUDA worker i gets GPU i mod G (CUDA_VISIBLE_DEVICES); workers sharing a GPU split --mem-fraction-static.
+
 Supervision, as `radixgen serve` does for its scheduler and detokenizer (runtime/launch.py): the supervisor is
 a child subreaper; each child gets PR_SET_PDEATHSIG (SIGTERM) and its own session (a terminal's Ctrl-C reaches
 only the supervisor), and its output is relayed line by line prefixed `[worker i]` / `[router]`. A child that
@@ -52,9 +54,33 @@ def threads_per_group(total: int | None, groups: int) -> int:
     return max(1, (total or os.cpu_count() or 1) // groups)
 
 
-def worker_config(cfg: Config, port: int, groups: int) -> Config:
-    """The config of one worker server: one group on 127.0.0.1:port with its share of the threads."""
-    model = replace(cfg.model, num_threads=threads_per_group(cfg.model.num_threads, groups))
+def gpu_plan(workers: int, visible: list[str]) -> list[tuple[str | None, float]]:
+    """Per worker: (its CUDA_VISIBLE_DEVICES, the share of that GPU's --mem-fraction-static it may use).
+    Worker i gets GPU visible[i % G]; workers sharing a GPU split its memory budget evenly. No GPU: (None, 1)."""
+    if not visible:
+        return [(None, 1.0)] * workers
+    on = [sum(1 for j in range(workers) if j % len(visible) == g) for g in range(len(visible))]
+    return [(visible[i % len(visible)], 1.0 / on[i % len(visible)]) for i in range(workers)]
+
+
+def visible_gpus(cfg: Config) -> list[str]:
+    """The CUDA devices the workers may use (none when running on CPU)."""
+    if cfg.model.device == "cpu":
+        return []
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [x.strip() for x in listed.split(",") if x.strip()] if listed else []
+    return ids or [str(i) for i in range(torch.cuda.device_count())]
+
+
+def worker_config(cfg: Config, port: int, groups: int, gpu_share: float = 1.0) -> Config:
+    """The config of one worker server: one group on 127.0.0.1:port with its share of the threads (and of
+    its GPU's memory budget when it shares the GPU)."""
+    model = replace(cfg.model, num_threads=threads_per_group(cfg.model.num_threads, groups),
+                    mem_fraction_static=cfg.model.mem_fraction_static * gpu_share)
     server = replace(cfg.server, host="127.0.0.1", port=port)
     return replace(cfg, model=model, server=server, parallel=replace(cfg.parallel, dp_size=1))
 
@@ -101,10 +127,10 @@ class DataParallelGroup:
         self.children: list[Child] = []
         self.stop_requested = threading.Event()
 
-    def _spawn(self, name: str, argv: list[str], url: str) -> Child:
+    def _spawn(self, name: str, argv: list[str], url: str, env: dict[str, str] | None = None) -> Child:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 preexec_fn=_die_with_parent, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         assert proc.stdout is not None
         threading.Thread(target=_relay, args=(proc.stdout, name), name=f"relay-{name}", daemon=True).start()
         child = Child(name, proc, url)
@@ -134,10 +160,12 @@ class DataParallelGroup:
 
     def start(self) -> None:
         n = self.cfg.parallel.dp_size
-        for i in range(n):
+        for i, (gpu, share) in enumerate(gpu_plan(n, visible_gpus(self.cfg))):
             port = free_port()
-            argv = [sys.executable, "-m", "server", "serve", *config_flags(worker_config(self.cfg, port, n))]
-            self._spawn(f"worker {i}", argv, f"http://127.0.0.1:{port}")
+            flags = config_flags(worker_config(self.cfg, port, n, share))
+            env = {"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else None
+            self._spawn(f"worker {i}", [sys.executable, "-m", "server", "serve", *flags], f"http://127.0.0.1:{port}",
+                        env)
         workers = list(self.children)
         self._wait("the workers to start", self.cfg.server.startup_timeout,
                    lambda c: all(c.get(w.url + "/health").status_code == 200 for w in workers))

@@ -20,7 +20,7 @@ from runtime.config import Config, make_config, resolve
 from runtime.launch import Launch
 from server.cli import build_parser, config_from_args
 from server.config_flags import config_flags
-from server.dp import threads_per_group, worker_config
+from server.dp import gpu_plan, threads_per_group, worker_config
 from tests.server.conftest import ROOT, ServerProc, alive, descendants
 
 pytest.importorskip("sglang_router")
@@ -131,3 +131,12 @@ def test_dp_size_is_a_serve_option():
         Launch(make_config(dp_size=2))
     with pytest.raises(ValueError, match="at least 1"):
         resolve(make_config(dp_size=0))
+
+
+def test_gpu_plan_one_gpu_per_worker_or_a_shared_budget():
+    assert gpu_plan(2, []) == [(None, 1.0), (None, 1.0)]
+    assert gpu_plan(2, ["4", "5"]) == [("4", 1.0), ("5", 1.0)]
+    assert gpu_plan(3, ["0", "1"]) == [("0", 0.5), ("1", 1.0), ("0", 0.5)]
+    assert gpu_plan(2, ["0"]) == [("0", 0.5), ("0", 0.5)]
+    cfg = make_config(dp_size=2, mem_fraction_static=0.8)
+    assert worker_config(cfg, 1, 2, 0.5).model.mem_fraction_static == pytest.approx(0.4)
