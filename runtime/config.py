@@ -129,7 +129,9 @@ class SpeculativeConfig:
     earlier in its own prompt or output) or none (default). Proposals are verified in one extend per step
     (the verify steps run eagerly, not through compiled/CUDA-graph decode); greedy output is unchanged and
     sampled output keeps the target distribution (rejection sampling). A request opts out with the sampling
-    parameter `disable_speculation`."""
+    parameter `disable_speculation`. On CPU with int4-kept GGUF weights (--quantization auto) a verify row costs
+    about one decode step per token (torch's int4 kernels loop over rows), so it rarely pays there; with dense
+    weights (--quantization none) it does (bench/results/speculative.md)."""
     speculative_num_draft_tokens: int = 4
     """Most tokens proposed per request and step (each verify step yields 1 to this + 1 tokens)."""
     speculative_ngram_min_match_window_size: int = 1

@@ -7,6 +7,9 @@ chunk (its prompt logprobs; it samples once the prompt is complete) or a running
 extend (samples its last row). Extend rows normally entered the tree while planning (same-step sharing);
 one that did not (`tree_len < cached_len`, e.g. `n > 1` copies) enters it here (`cache_unfinished`).
 
+Speculative verify rows (`req.draft_ids` set) are handed to the Speculator (runtime/scheduler/speculative.py),
+which appends their emitted tokens through `_accept` and frees their rejected draft slots.
+
 Logprobs are log_softmax of the model's raw logits (before penalties, bias, grammar mask and temperature),
 the same distribution for prompt and output positions.
 
