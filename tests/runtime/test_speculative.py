@@ -115,3 +115,20 @@ def test_metrics_and_meta_info_report_speculation():
     out = drain(sched).final("m")
     assert out.spec_verify_ct > 0 and out.spec_accepted_tokens > 0
     assert ReqTextOut(rid="m", text_delta="", new_ids=[], spec_verify_ct=2).spec_verify_ct == 2
+
+
+def test_fault_in_the_middle_of_a_verify_step_aborts_only_that_request(monkeypatch):
+    """Token 3 of "bad" is the second token one verify step emits (tokens 2..5): the request ends there with
+    an internal-error abort, its row keeps exactly the KV of the tokens before, and nothing leaks."""
+    monkeypatch.setenv("RADIXGEN_FAULT_INJECT_RID", "bad")
+    monkeypatch.setenv("RADIXGEN_FAULT_INJECT_AT_TOKEN", "3")
+    sched, _ = make(mode="inc", **SPEC)
+    p = list(range(V)) + [7]
+    sched.handle(gen("bad", p, 20))
+    sched.handle(gen("ok", p + [8], 20))
+    res = drain(sched)
+    assert res.final("bad").finish_reason["message"].startswith("internal error while processing request")
+    assert res.ids("bad") == reference(p, 3, "inc")
+    assert res.final("bad").spec_verify_ct == 1
+    assert res.ids("ok") == reference(p + [8], 20, "inc")
+    sched.kv.tree.check_integrity()
