@@ -192,7 +192,13 @@ class ParallelConfig:
     key/value heads and intermediate size (SmolLM2-135M: 1 or 3). Dense weights only (quantization auto
     becomes none). Each rank gets num_threads // tp_size threads."""
     dist_init_addr: str | None = None
-    """host:port where the tensor-parallel ranks meet (default: 127.0.0.1 and a free port)."""
+    """host:port where the tensor-parallel ranks meet (default: 127.0.0.1 and a free port; with --nnodes > 1
+    required: an address of node 0 that every node reaches)."""
+    nnodes: int = 1
+    """Machines the --tp-size ranks are spread over (tp_size / nnodes ranks on each)."""
+    node_rank: int = 0
+    """This machine's index among --nnodes. Node 0 serves HTTP and holds rank 0 (the scheduler); another node
+    runs only its ranks (`radixgen serve` with the same flags and --node-rank K) and exits when they do."""
 
 
 @dataclass(frozen=True)
@@ -235,8 +241,12 @@ def resolve(cfg: Config) -> Config:
     """Resolve cross-field defaults (auto values) in one tested place."""
     if cfg.parallel.dp_size < 1:
         raise ValueError(f"--dp-size must be at least 1, got {cfg.parallel.dp_size}")
-    if cfg.parallel.tp_size < 1:
-        raise ValueError(f"--tp-size must be at least 1, got {cfg.parallel.tp_size}")
+    par = cfg.parallel
+    if par.tp_size < 1:
+        raise ValueError(f"--tp-size must be at least 1, got {par.tp_size}")
+    if par.nnodes < 1 or par.tp_size % par.nnodes or not 0 <= par.node_rank < par.nnodes:
+        raise ValueError(f"--nnodes {par.nnodes} must divide --tp-size {par.tp_size}, and --node-rank "
+                         f"{par.node_rank} be in [0, {par.nnodes})")
     sched = cfg.scheduler
     if sched.schedule_policy == "auto":
         policy = "fcfs" if cfg.cache.disable_radix_cache else "lpm"

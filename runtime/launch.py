@@ -78,14 +78,21 @@ class ProcessGroup:
     """The scheduler and detokenizer processes of one launch."""
 
     def __init__(self, cfg: Config, scheduler_factory: str | None = None) -> None:
+        """On node 0 of the tensor-parallel ranks (--node-rank 0): the scheduler, the detokenizer and this
+        node's other ranks; on another node only that node's ranks (`runtime/executor/tp.py`)."""
         env = load_env()
         flat = cfg.to_dict()
         flat["model_path"] = resolve_model_path(cfg.model.model_path)
-        tp = cfg.parallel.tp_size
-        if tp > 1 and not flat["dist_init_addr"]:
+        par = cfg.parallel
+        if par.tp_size > 1 and not flat["dist_init_addr"]:
+            if par.nnodes > 1:
+                raise ValueError("--nnodes > 1 needs --dist-init-addr HOST:PORT (node 0's address, reachable by all)")
             flat["dist_init_addr"] = f"127.0.0.1:{_free_port()}"
         self.config = flat
-        self.names = [*CHILDREN, *(f"tp rank {r}" for r in range(1, tp))]
+        per_node = par.tp_size // par.nnodes
+        ranks = range(par.node_rank * per_node, (par.node_rank + 1) * per_node)
+        head = list(CHILDREN) if par.node_rank == 0 else []
+        self.names = [*head, *(f"tp rank {r}" for r in ranks if r > 0)]
         self.endpoints, self._ipc_dir = Endpoints.create()
         self._spec = {
             "config": flat, "endpoints": self.endpoints._asdict(), "parent_pid": os.getpid(),
@@ -153,7 +160,7 @@ class ProcessGroup:
             with self._lock:
                 self._waiting = False
                 self._close_ready()
-        model = infos["scheduler"]
+        model = infos["scheduler"] if "scheduler" in infos else next(iter(infos.values()))
         if model is None:
             raise LaunchError("the scheduler reported ready without its model info")
         return model

@@ -99,6 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from server.dp import run_dp
 
         return run_dp(cfg)
+    if cfg.parallel.node_rank > 0:
+        from server.tp_node import run_tp_node
+
+        return run_tp_node(cfg)
     from server.serve import run_server
 
     return run_server(cfg)

@@ -220,3 +220,65 @@ def test_smollm2_tp3_logits_equal_tp1(tmp_path, smollm_path):
         tp_error = (got.double() - exact).abs().max().item()
         assert tp_error <= 2 * fp32_error, (tp_error, fp32_error, (got - ref).abs().max().item())
         assert torch.equal(got.argmax(-1), ref.argmax(-1))
+
+
+def test_two_nodes_over_loopback(tmp_path, smollm_path):
+    """--nnodes 2: node 1 (ranks 1) and node 0 (HTTP, rank 0) as two `radixgen serve` processes meeting at
+    --dist-init-addr; greedy tokens equal a TP=1 recompute of the same model; SIGTERM to node 0 stops it (0),
+    and node 1 then stops too, naming its rank; nothing is left of either tree."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from runtime.models.loader import load_weights
+    from tests.runtime.test_model import _tiny_checkpoint
+    from tests.server.conftest import ROOT, ServerProc, alive, descendants, stop_tree
+
+    path = _tiny_checkpoint(tmp_path, "llama")
+    flags = ["--model-path", path, "--tokenizer-path", smollm_path, "--tp-size", "2", "--nnodes", "2",
+             "--dist-init-addr", f"127.0.0.1:{free_port()}", "--dtype", "float32", "--max-total-tokens", "512",
+             "--log-level", "warning"]
+    node1 = subprocess.Popen([sys.executable, "-m", "server", "serve", *flags, "--node-rank", "1"], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(node1.stdout), daemon=True).start()
+    node0 = ServerProc(*flags, "--node-rank", "0")
+    try:
+        node0.wait_ready()
+        prompt = [5, 9, 33, 71, 2, 140]
+        with node0.client() as c:
+            r = c.post("/generate", json={"input_ids": prompt, "sampling_params": {
+                "max_new_tokens": 8, "temperature": 0, "ignore_eos": True}})
+        assert r.status_code == 200, r.text
+        arch, w = load_weights(path, torch.float32, False, "none", 32)
+        model = LlamaForCausalLM(arch, w, "cpu", torch.float32)
+        ids = list(prompt)
+        with torch.inference_mode():
+            for _ in range(8):
+                pos = torch.arange(len(ids))
+                logits = model.forward_tokens(torch.tensor(ids), pos, pos[-1:], causal_attend(arch.head_dim ** -0.5))
+                ids.append(int(logits[0].argmax()))
+        assert r.json()["output_ids"] == ids[len(prompt):]
+        assert any(line.startswith("radixgen tp node 1 ready (ranks 1-1)") for line in lines), lines
+        trees = descendants(node0.proc.pid) | descendants(node1.pid)
+        node0.proc.send_signal(signal.SIGTERM)
+        assert node0.proc.wait(30) == 0
+        assert node1.wait(30) == 1
+        assert any("the tp rank 1 process exited with code 1" in line for line in lines), lines[-20:]
+        assert not [p for p in trees if alive(p)]
+    finally:
+        node0.stop()
+        stop_tree(node1)
+
+
+def test_node_flags_are_checked():
+    from runtime.config import make_config, resolve
+    from runtime.launch import Launch
+
+    with pytest.raises(ValueError, match="--nnodes 2 must divide --tp-size 3"):
+        resolve(make_config(tp_size=3, nnodes=2))
+    with pytest.raises(ValueError, match="--node-rank 2 be in"):
+        resolve(make_config(tp_size=2, nnodes=2, node_rank=2))
+    with pytest.raises(ValueError, match="needs --dist-init-addr"):
+        Launch(make_config(tp_size=2, nnodes=2, device="cpu"))
