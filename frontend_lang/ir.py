@@ -13,9 +13,11 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-# dtype -> regex sent to the server (the server compiles it into a token mask).
-REGEX_INT = r"[-+]?[0-9]+"
-REGEX_FLOAT = r"[-+]?[0-9]+(\.[0-9]+)?"
+# dtype -> regex sent to the server (the server compiles it into a token mask). A number may end in a space or
+# newline: that is how the model says "the number is over" (the gen's stop strings " " and "\n" then end it),
+# since the grammar masks every other continuation and the model would otherwise append digits ("4" -> "4000").
+REGEX_INT = r"[-+]?[0-9]+[ \n]?"
+REGEX_FLOAT = r"[-+]?[0-9]+(\.[0-9]+)?[ \n]?"
 REGEX_BOOL = r"(True|False)"
 REGEX_STR = r"\"[\w ]*\""
 

@@ -33,7 +33,7 @@ def default_script(prompt: str, params: dict) -> str:
     if params.get("json_schema"):
         return '{"name": "Ann", "age": 7}'
     regex = params.get("regex")
-    if regex == r"[-+]?[0-9]+":
+    if regex is not None and regex.startswith(r"[-+]?[0-9]+") and "." not in regex:  # frontend_lang's REGEX_INT
         return "42"
     if regex == r"(True|False)":
         return "True"

@@ -103,16 +103,21 @@ def test_tree_of_thought_fork_join(be):
         s += "Let me think in three ways.\n"
         branches = s.fork(3)
         branches += lambda i: f"Way {i + 1}:"
-        branches += fl.gen("thought", max_tokens=6, temperature=0.8, stop="\n")
+        branches += fl.gen("thought", max_tokens=6, temperature=0, stop="\n")
         branches.join()
         s += "Conclusion:" + fl.gen("final", max_tokens=6, temperature=0)
         s += fl.assistant_end()
 
     st = tot.run(question="How can I save energy at home?", backend=be)
     assert st.error() is None
-    assert isinstance(st["thought"], list) and len(st["thought"]) == 3
-    assert all(isinstance(t, str) for t in st["thought"])
-    assert "Conclusion:" in st.text()
+    thoughts = st["thought"]
+    assert isinstance(thoughts, list) and len(thoughts) == 3
+    # each branch answered its own "Way i:" prompt (greedy, cut at the newline), on topic
+    assert all(t.strip() and "\n" not in t for t in thoughts), thoughts
+    assert any("energy" in t.lower() for t in thoughts), thoughts
+    # join gathers the variables; the branches' text stays out of the main text
+    assert "Let me think in three ways.\nConclusion:" + st["final"] in st.text()
+    assert "Way 1:" not in st.text() and st["final"].strip()
 
 
 def test_regex_phone_number(be):
@@ -148,12 +153,12 @@ def test_json_schema_gen_is_parsed(be):
 def test_gen_int(be):
     @fl.function
     def count(s):
-        s += "Q: How many legs does a cat have?\nA: "
+        s += "Q: How many days are in a week?\nA: "
         s += fl.gen("n", dtype=int, max_tokens=4, temperature=0)
 
     st = count.run(backend=be)
     _no_error(st)
-    assert isinstance(st["n"], int)
+    assert st["n"] == 7  # the int may end in a space: the model stops instead of appending digits ("7000")
 
 
 def test_streaming_text_iter(be):

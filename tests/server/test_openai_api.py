@@ -239,6 +239,32 @@ def test_tool_auto_and_tool_messages_next_turn(client, model):
     assert r2.choices[0].message.content and r2.choices[0].message.tool_calls is None
 
 
+def test_tool_auto_call_parses_end_to_end(client, model):
+    """tool_choice auto: after two example turns SmolLM2 answers with a call; it comes back parsed, streamed or
+    not, with finish_reason tool_calls (parallel_tool_calls=false: at most one)."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Get the current weather of "
+              "a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                       "required": ["city"]}}}]
+    history = [m for i, city in enumerate(("Rome", "Berlin")) for m in (
+        {"role": "user", "content": f"Weather in {city}?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{i}", "type": "function", "function": {
+            "name": "get_weather", "arguments": json.dumps({"city": city})}}]},
+        {"role": "tool", "tool_call_id": f"call_{i}", "content": "sunny, 24 C"},
+        {"role": "assistant", "content": f"It is sunny in {city}, 24 C."})]
+    history.append({"role": "user", "content": "Weather in Paris?"})
+    kw = {"model": model, "messages": history, "tools": tools, "max_tokens": 30, "temperature": 0}
+    r, chunks = par(lambda: client.chat.completions.create(parallel_tool_calls=False, **kw),
+                    lambda: list(client.chat.completions.create(stream=True, **kw)))
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == [("get_weather",
+                                                                                       {"city": "Paris"})]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+
+
 def test_completions_prompt_forms_and_index(server, client, model):
     create = client.completions.create
     one, many, tok, toks, default = par(
