@@ -121,7 +121,7 @@ async def create_response(request: Request) -> Response:
         return response
 
     if stream:
-        return sse_response(O.ResponseStream(handle, snapshot, plan, parallel, finish).events())
+        return sse_response(O.ResponseStream(handle, snapshot, plan, parallel, finish).events(), named=True)
     try:
         per_prompt = await until_disconnect(request, C.collect([handle]))
     except ClientGone:

@@ -31,16 +31,17 @@ logger = logging.getLogger(__name__)
 _END = object()
 
 
-def sse_response(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
-    return StreamingResponse(guarded(events), media_type="text/event-stream",
+def sse_response(events: AsyncIterator[dict[str, Any]], named: bool = False) -> StreamingResponse:
+    return StreamingResponse(guarded(events, named), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def guarded(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-    """SSE bytes of `events`; an error while streaming becomes an error chunk; always ends with [DONE]."""
+async def guarded(events: AsyncIterator[dict[str, Any]], named: bool = False) -> AsyncIterator[bytes]:
+    """SSE bytes of `events`; an error while streaming becomes an error chunk; always ends with [DONE].
+    named: each event also gets an `event: <its type>` line (the Responses API's framing)."""
     try:
         async for ev in events:
-            yield sse(ev)
+            yield (b"event: " + ev["type"].encode() + b"\n" + sse(ev)) if named else sse(ev)
     except RequestError as e:
         yield sse(error_body(e.message, e.type, e.param, e.code))
     except Exception as e:

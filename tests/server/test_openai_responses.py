@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -82,6 +83,11 @@ def test_stream_events_in_order_and_final_response(client):
     assert set(kinds[4:-4]) == {"response.output_text.delta"} and len(deltas) >= 2
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert final.status == "completed" and final.output_text == "".join(deltas)
+    with httpx.Client(base_url=str(client.base_url), timeout=120) as c:  # raw framing: `event:` then `data:`
+        raw = c.post("/responses", json={"model": "default", "input": "Hi", "max_output_tokens": 2,
+                                         "stream": True}).text
+    blocks = [b.split("\n") for b in raw.strip().split("\n\n")]
+    assert all(b[0] == "event: " + json.loads(b[1][6:])["type"] for b in blocks[:-1]) and blocks[-1] == ["data: [DONE]"]
     jsonschema.validate(json.loads(final.output_text), CITY)
     assert client.responses.retrieve(final.id).output_text == final.output_text
 
