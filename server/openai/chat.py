@@ -234,18 +234,7 @@ def _choice(r: dict[str, Any], plan: T.ToolPlan, fmt: LogprobFormatter | None, t
     meta, text = r["meta_info"], r["text"]
     fr = meta["finish_reason"]
     reason = C.finish_reason(fr)
-    content: str | None = text
-    calls: list[dict[str, Any]] = []
-    if plan.tools and plan.constrained:
-        parsed = T.parse_constrained(plan, text)
-        if parsed:
-            content, calls = None, parsed
-        elif plan.mode == "named":  # cut short: the partial arguments, as OpenAI does
-            content, calls = None, [T.tool_call(plan.named or "", text)]
-    elif plan.tools and plan.mode == "auto":
-        content, calls = T.parse_auto(plan, text)
-    if not parallel:  # parallel_tool_calls=false: at most one call (required/named make exactly one)
-        calls = calls[:1]
+    content, calls = T.calls_of(plan, text, parallel)
     if calls and reason == "stop":
         reason = "tool_calls"
     message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}

@@ -23,6 +23,7 @@ from server.openai import common as C
 from server.openai import params as P
 from server.openai import responses_input as I
 from server.openai import responses_output as O
+from server.openai import tools as T
 from server.openai.chat import parse_messages, tokenize_chat
 from server.openai.streaming import sse_response
 from server.response_store import StoredResponse
@@ -128,7 +129,7 @@ async def create_response(request: Request) -> Response:
         return Response(status_code=499)
     C.raise_for_aborts(per_prompt)
     result = per_prompt[0][0]
-    content, calls = O.split_output(plan, result["text"], parallel)
+    content, calls = T.calls_of(plan, result["text"], parallel)
     return JSON(finish(content, calls, result["meta_info"]))
 
 

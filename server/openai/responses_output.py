@@ -39,22 +39,6 @@ def call_item(call: dict[str, Any]) -> dict[str, Any]:
             "name": fn["name"], "arguments": fn["arguments"]}
 
 
-def split_output(plan: T.ToolPlan, text: str, parallel: bool) -> tuple[str | None, list[dict[str, Any]]]:
-    """(text content or None, tool calls in chat form) from the generated text. parallel=False: at most one
-    call (the first)."""
-    calls: list[dict[str, Any]] = []
-    content: str | None = text
-    if plan.tools and plan.constrained:
-        parsed = T.parse_constrained(plan, text)
-        if parsed:
-            content, calls = None, parsed
-        elif plan.mode == "named":  # cut short: the partial arguments, as OpenAI does
-            content, calls = None, [T.tool_call(plan.named or "", text)]
-    elif plan.tools and plan.mode == "auto":
-        content, calls = T.parse_auto(plan, text)
-    return content, calls if parallel else calls[:1]
-
-
 def status_of(fr: dict[str, Any] | None) -> tuple[str, dict[str, Any] | None]:
     """(response status, incomplete_details) for a finish reason."""
     reason = finish_reason(fr)
@@ -122,7 +106,7 @@ class ResponseStream:
             if streaming:
                 content, calls = text, []
             else:
-                content, calls = split_output(self.plan, text, self.parallel)
+                content, calls = T.calls_of(self.plan, text, self.parallel)
             if content is not None and msg_id is None and (content or not calls):
                 msg_id = f"msg_{_hex()}"
                 for ev in self._open_message(msg_id):

@@ -220,6 +220,23 @@ def parse_constrained(plan: ToolPlan, text: str) -> list[dict[str, Any]] | None:
     return [call] if call is not None else None
 
 
+def calls_of(plan: ToolPlan, text: str, parallel: bool = True) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content or None, tool calls) of a finished output under `plan`: required/named outputs parse as calls (a
+    named call cut short keeps its partial arguments, as OpenAI does); auto outputs are searched for calls.
+    parallel=False (parallel_tool_calls): at most the first call."""
+    content: str | None = text
+    calls: list[dict[str, Any]] = []
+    if plan.tools and plan.constrained:
+        parsed = parse_constrained(plan, text)
+        if parsed:
+            content, calls = None, parsed
+        elif plan.mode == "named":
+            content, calls = None, [tool_call(plan.named or "", text)]
+    elif plan.tools and plan.mode == "auto":
+        content, calls = parse_auto(plan, text)
+    return content, calls if parallel else calls[:1]
+
+
 def _as_call(obj: Any, names: set[str]) -> dict[str, Any] | None:
     if not isinstance(obj, dict):
         return None

@@ -13,7 +13,6 @@ import pytest
 
 from runtime.tokenizer.generate_input import RequestError
 from server.openai import responses_input as I
-from server.openai import responses_output as O
 from server.openai import tools as T
 from tests.server.conftest import ServerProc
 
@@ -180,7 +179,7 @@ def test_input_items_become_chat_turns():
 def test_parallel_tool_calls_false_keeps_at_most_one_call():
     plan = I.tool_plan(WEATHER, "auto")
     text = '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "arguments": {}}]'
-    assert len(O.split_output(plan, text, parallel=True)[1]) == 2
-    content, calls = O.split_output(plan, text, parallel=False)
+    assert len(T.calls_of(plan, text, parallel=True)[1]) == 2
+    content, calls = T.calls_of(plan, text, parallel=False)
     assert content is None and [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Paris"}]
     assert isinstance(plan, T.ToolPlan) and plan.mode == "auto"
