@@ -31,14 +31,25 @@ def server():
         s.stop()
 
 
+async def _until_held(client: httpx.AsyncClient, n: int, timeout: float = 30.0) -> None:
+    """Wait until the scheduler holds `n` requests (running + waiting), i.e. all were admitted."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while (await client.get("/get_load")).json()[0]["num_reqs"] < n:
+        assert asyncio.get_running_loop().time() < deadline, f"{n} requests never admitted"
+        await asyncio.sleep(0.02)
+
+
 def test_bounded_queue_sheds_with_503_and_recovers(server):
-    long = {"text": "Count slowly:", "sampling_params": {"max_new_tokens": 80, "ignore_eos": True}}
+    # Long enough that none of the 4 admitted requests can finish before the shed wave is answered, however
+    # fast decode is (2 run, 2 wait: >= 300 steps at batch 2 before a slot frees).
+    n_long = 300
+    long = {"text": "Count slowly:", "sampling_params": {"max_new_tokens": n_long, "ignore_eos": True}}
     short = {"text": "Hi", "sampling_params": {"max_new_tokens": 2}}
 
     async def run():
         async with httpx.AsyncClient(base_url=server.url, timeout=300) as client:
             admitted = [asyncio.ensure_future(client.post("/generate", json=long)) for _ in range(4)]
-            await asyncio.sleep(1.0)
+            await _until_held(client, 4)
             shed = await asyncio.gather(*(client.post("/generate", json=short) for _ in range(6)))
             v1 = await client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
             return await asyncio.gather(*admitted), shed, v1
@@ -50,7 +61,7 @@ def test_bounded_queue_sheds_with_503_and_recovers(server):
         err = r.json()["error"]
         assert err["code"] == "server_overloaded" and err["type"] == "server_error", err
     assert [r.status_code for r in admitted] == [200] * 4
-    assert all(len(r.json()["output_ids"]) == 80 for r in admitted)
+    assert all(len(r.json()["output_ids"]) == n_long for r in admitted)
     with server.client() as c:
         wait_idle(c)
         r = c.post("/generate", json=short)
