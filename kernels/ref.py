@@ -101,6 +101,12 @@ def rmsnorm(
     return (normed * weight.to(hf.dtype)).to(x.dtype), h
 
 
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's activation: silu(gate) * up for gate_up [T, 2I] (gate first) -> [T, I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
 def rope_cos_sin(
     head_dim: int, max_pos: int, base: float, scaling: dict | None = None, device: str | torch.device = "cpu"
 ) -> torch.Tensor:

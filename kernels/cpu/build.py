@@ -1,4 +1,4 @@
-"""Builds and loads the native CPU attention ops (kernels/cpu/attention.cpp) on first use, JIT.
+"""Builds and loads the native CPU ops (kernels/cpu/attention.cpp, elementwise.cpp) on first use, JIT.
 
 The extension is compiled on the machine that runs it, with `-O3 -march=native`, by
 `torch.utils.cpp_extension.load` (g++ and ninja), into a cache directory keyed by a hash of the source, torch's
@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("attention.cpp")
+SOURCES = [SOURCE, SOURCE.with_name("elementwise.cpp")]  # one extension, every radixgen:: CPU op
 CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-DNDEBUG"]
 DEFAULT_CACHE = Path.home() / ".cache" / "radixgen" / "kernels"
 
@@ -67,7 +68,7 @@ def load(cache_dir: Path | None = None, verbose: bool = False) -> Path:
 
             build_dir.mkdir(parents=True, exist_ok=True)
             cpp_extension.load(
-                name=name, sources=[str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
+                name=name, sources=[str(f) for f in SOURCES], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
                 build_directory=str(build_dir), is_python_module=False, verbose=verbose,
             )  # compiles under a file lock shared with concurrent builders (a no-op if one finished), loads
             ready.touch()

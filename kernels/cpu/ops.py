@@ -50,3 +50,30 @@ def load() -> None:
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
     _registered = True
+
+
+# The fused elementwise ops of kernels/cpu/elementwise.cpp, with kernels.ref's signatures (the eager forward's
+# CPU twins of the Triton rmsnorm/rope kernels; call load() first).
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+            residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """As kernels.ref.rmsnorm: (rmsnorm(x + residual) * weight, x + residual), one pass over the rows."""
+    out, h = torch.ops.radixgen.add_rmsnorm(x, residual, weight, eps)
+    return out, (x if residual is None else h)
+
+
+def rope(x: torch.Tensor, cos_sin: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rotary of x [T, Nh, D] at `positions` [T] from the float32 table cos_sin [P, D]."""
+    return torch.ops.radixgen.rope(x, cos_sin, positions)
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+               cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """As kernels.ref.apply_rope."""
+    return rope(q, cos_sin, positions), rope(k, cos_sin, positions)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate_up [T, 2I] (gate first) -> [T, I]."""
+    return torch.ops.radixgen.silu_mul(gate_up)

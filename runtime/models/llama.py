@@ -17,10 +17,11 @@ weights too; torch's CPU weight-only ops trace under torch.compile as ATen ops.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernels import quant, ref
@@ -28,18 +29,46 @@ from kernels.api import BaseAttnBackend
 from runtime.executor.forward_batch import ForwardBatch
 from runtime.models.arch import ModelArch
 
+log = logging.getLogger(__name__)
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]  # (q, k, v, layer) -> o
 
 
-def elementwise_kernels(device: str | torch.device) -> tuple[Callable, Callable]:
-    """(rmsnorm, apply_rope): the fused Triton kernels on CUDA when triton is importable (one launch each
-    instead of ~6 torch ops), else the torch reference. Both pairs have kernels.ref's signatures."""
-    if torch.device(device).type == "cuda" and importlib.util.find_spec("triton") is not None:
+class Elementwise(NamedTuple):
+    """The forward's fused row ops, all with kernels.ref's signatures."""
+
+    rmsnorm: Callable  # (x, weight, eps, residual) -> (normed, x + residual)
+    apply_rope: Callable  # (q, k, positions, cos_sin) -> (q, k), gathering cos/sin rows itself
+    silu_mul: Callable  # gate_up [T, 2I] -> silu(gate) * up [T, I]
+
+    @property
+    def fused_rope(self) -> bool:
+        """False for the reference, whose rope the model feeds pre-gathered cos/sin (rope_gathered)."""
+        return self.apply_rope is not ref.apply_rope
+
+
+REF_ELEMENTWISE = Elementwise(ref.rmsnorm, ref.apply_rope, ref.silu_mul)  # what torch.compile traces and fuses
+
+
+def elementwise_kernels(device: str | torch.device, dtype: torch.dtype | None = None) -> Elementwise:
+    """The eager forward's row ops: fused Triton kernels on CUDA when triton is importable, the native CPU
+    kernels (kernels/cpu/elementwise.cpp) on a CPU for float32/bfloat16 when the extension builds here (one
+    warning and the torch reference when it does not), else the torch reference (one op chain of ~6 ops each)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and importlib.util.find_spec("triton") is not None:
         from kernels.triton.rmsnorm import rmsnorm
         from kernels.triton.rope import apply_rope
 
-        return rmsnorm, apply_rope
-    return ref.rmsnorm, ref.apply_rope
+        return Elementwise(rmsnorm, apply_rope, ref.silu_mul)
+    if dev.type == "cpu" and (dtype or torch.get_default_dtype()) in (torch.float32, torch.bfloat16):
+        try:
+            from kernels.cpu import ops
+
+            ops.load()
+        except Exception as e:  # noqa: BLE001 - any toolchain/loader failure: the reference ops, loudly
+            log.warning("native cpu norm/rope kernels unavailable, using torch ops: %s", str(e).splitlines()[0])
+            return REF_ELEMENTWISE
+        return Elementwise(ops.rmsnorm, ops.apply_rope, ops.silu_mul)
+    return REF_ELEMENTWISE
 
 
 def rope_gathered(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -115,8 +144,7 @@ class LlamaForCausalLM(nn.Module):
         self.kv_size = arch.num_kv_heads * arch.head_dim
         cos_sin = ref.rope_cos_sin(arch.head_dim, arch.max_position, arch.rope_theta, arch.rope_scaling, device)
         self.register_buffer("cos_sin", cos_sin, persistent=False)  # [max_pos, D] float32
-        self.rmsnorm, self.apply_rope = elementwise_kernels(device)
-        self.fused_rope = self.apply_rope is not ref.apply_rope  # Triton: gathers inside its kernel
+        self.ew = elementwise_kernels(device, dtype)  # eager row ops; compiled graphs trace REF_ELEMENTWISE
         self.eval()
 
     def weights_nbytes(self) -> int:
@@ -134,36 +162,36 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions [T] int64; logits_indices [K] int64 -> logits [K, vocab] float32.
         The traceable body: everything but `attend` is plain torch, so torch.compile sees one graph."""
         a = self.arch
+        ew = REF_ELEMENTWISE if torch.compiler.is_compiling() else self.ew  # inductor fuses the reference ops
         h = quant.embedding(input_ids, self.embed)  # [T, H]
         residual: torch.Tensor | None = None
         t = h.shape[0]
-        if not self.fused_rope:
+        if not ew.fused_rope:
             cs = self.cos_sin[positions].unsqueeze(1)  # [T, 1, D], once for all layers
             cos, sin = cs[..., : a.head_dim // 2], cs[..., a.head_dim // 2 :]
         for i, lw in enumerate(self.layers):
-            x, residual = self.rmsnorm(h, lw.ln_attn, a.rms_eps, residual)
+            x, residual = ew.rmsnorm(h, lw.ln_attn, a.rms_eps, residual)
             qkv = quant.linear(x, lw.w_qkv, lw.b_qkv)  # [T, (Hq + 2 Hkv) D]
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = q.view(t, a.num_heads, a.head_dim)
             k = k.view(t, a.num_kv_heads, a.head_dim)
             v = v.view(t, a.num_kv_heads, a.head_dim)
             if lw.q_norm is not None:
-                q = self.rmsnorm(q, lw.q_norm, a.rms_eps)[0]
-                k = self.rmsnorm(k, lw.k_norm, a.rms_eps)[0]
-            if self.fused_rope:
-                q, k = self.apply_rope(q, k, positions, self.cos_sin)
+                q = ew.rmsnorm(q, lw.q_norm, a.rms_eps)[0]
+                k = ew.rmsnorm(k, lw.k_norm, a.rms_eps)[0]
+            if ew.fused_rope:
+                q, k = ew.apply_rope(q, k, positions, self.cos_sin)
             else:
                 q, k = rope_gathered(q, cos, sin), rope_gathered(k, cos, sin)
             o = attend(q, k, v, i)  # [T, Hq, D]
             h = quant.linear(o.reshape(t, self.q_size), lw.w_o)
             if self.reduce is not None:
                 h = self.reduce(h)  # [T, H]: the sum of every rank's heads
-            x, residual = self.rmsnorm(h, lw.ln_mlp, a.rms_eps, residual)
-            gate, up = quant.linear(x, lw.w_gate_up).chunk(2, dim=-1)
-            h = quant.linear(F.silu(gate) * up, lw.w_down)
+            x, residual = ew.rmsnorm(h, lw.ln_mlp, a.rms_eps, residual)
+            h = quant.linear(ew.silu_mul(quant.linear(x, lw.w_gate_up)), lw.w_down)
             if self.reduce is not None:
                 h = self.reduce(h)
         last = (h + residual)[logits_indices]
-        x = self.rmsnorm(last, self.norm, a.rms_eps)[0]
+        x = ew.rmsnorm(last, self.norm, a.rms_eps)[0]
         logits = quant.linear(x, self.lm_head)
         return logits if logits.dtype == torch.float64 else logits.float()

@@ -78,9 +78,9 @@ def test_model_forward_with_triton_norm_and_rope_matches_ref(smollm_runner) -> N
     """What the CUDA model runs (runtime.models.llama.elementwise_kernels): SmolLM2's forward with the Triton
     RMSNorm and rope (interpreted here) gives the reference forward's logits and argmax."""
     from runtime.executor.forward_batch import ForwardBatch
-    from runtime.models.llama import elementwise_kernels
+    from runtime.models.llama import Elementwise, elementwise_kernels
 
-    assert elementwise_kernels("cpu") == (ref.rmsnorm, ref.apply_rope)
+    assert elementwise_kernels("cpu", torch.float64) == (ref.rmsnorm, ref.apply_rope, ref.silu_mul)
     r = smollm_runner
     ids = [[1, 504, 3458, 314, 260], [1, 2022, 4462]]
     slots = r.allocator.alloc(8)
@@ -90,12 +90,12 @@ def test_model_forward_with_triton_norm_and_rope_matches_ref(smollm_runner) -> N
         r.req_to_token.write(rows[1], 0, slots[5:])
         fb = ForwardBatch.build(ids, [0, 0], slots, rows)
         want = r.forward(fb).clone()
-        m = r.model
-        m.rmsnorm, m.apply_rope = rmsnorm, apply_rope
+        m, eager = r.model, r.model.ew
+        m.ew = Elementwise(rmsnorm, apply_rope, ref.silu_mul)
         try:
             got = r.forward(fb)
         finally:
-            m.rmsnorm, m.apply_rope = ref.rmsnorm, ref.apply_rope
+            m.ew = eager
         torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
         assert torch.equal(got.argmax(-1), want.argmax(-1))
     finally:

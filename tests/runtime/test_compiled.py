@@ -133,21 +133,31 @@ def test_compile_failure_warns_once_and_serves_eagerly(tiny_path, monkeypatch, c
 def test_smollm2_bf16_compiled_bucket_close_to_eager(smollm_path):
     """One real-model bucket (bs 1) in bf16, the default dtype on this CPU, judged against float32.
 
-    Compiled and eager bf16 drift apart over 30 layers (the compiled graph keeps fused intermediates in
-    float32 where eager rounds them to bf16: up to ~0.5 apart on logits of magnitude 3-30 by step 4), so
-    neither is the reference. The stated tolerance: the compiled bucket is no further from the float32
-    logits than eager bf16 is (mean and max, 25 % slack), and all three pick the same greedy token.
+    bf16 forwards drift from float32 over 30 layers by where they round: the compiled graph (inductor fusing
+    kernels.ref's row ops) keeps fused intermediates in float32, the eager reference ops round each op's result
+    to bf16, the eager native row ops (kernels/cpu/elementwise.cpp) round once per fused op. None is the
+    reference, and which of them lands closer differs from step to step (per-step mean errors of 0.04-0.46 seen
+    for each). The stated tolerances, over 2 prompts x 4 decode steps together: the compiled bucket is no further
+    from the float32 logits than eager bf16 over the same reference ops (mean and max, 25 % slack), the native
+    eager ops are no further than the reference ops either, and all pick the same greedy token at every step.
     """
-    eager, compiled = _runner(smollm_path, "bfloat16", False), _runner(smollm_path, "bfloat16", True, max_bs=1)
+    from runtime.models.llama import REF_ELEMENTWISE
+
+    native, compiled = _runner(smollm_path, "bfloat16", False), _runner(smollm_path, "bfloat16", True, max_bs=1)
+    ref_ops = _runner(smollm_path, "bfloat16", False)
+    ref_ops.model.ew = REF_ELEMENTWISE  # the op graph inductor traces, run eagerly
     ref = _runner(smollm_path, "float32", False)
-    prompts = [[1, 504, 3458, 314, 260, 1345, 28, 3148, 30]]
-    steps = zip(_decode_logits(eager, prompts, 4), _decode_logits(compiled, prompts, 4),
-                _decode_logits(ref, prompts, 4), strict=True)
-    for a, b, r in steps:
-        e_err, c_err = (a - r).abs(), (b - r).abs()
-        assert c_err.mean().item() <= 1.25 * e_err.mean().item() + 0.02, (c_err.mean(), e_err.mean())
-        assert c_err.max().item() <= 1.25 * e_err.max().item() + 0.125, (c_err.max(), e_err.max())
-        assert a.argmax(-1).tolist() == b.argmax(-1).tolist() == r.argmax(-1).tolist()
+    runners = {"ref_ops": ref_ops, "compiled": compiled, "native": native, "fp32": ref}
+    logits = {k: [] for k in runners}
+    for prompt in ([1, 504, 3458, 314, 260, 1345, 28, 3148, 30], [1, 2022, 4462, 253, 7355, 30]):
+        for k, r in runners.items():
+            logits[k] += _decode_logits(r, [prompt], 4)  # bucket 1: one prompt at a time
+    err = {k: torch.cat([(a - b).abs() for a, b in zip(v, logits["fp32"], strict=True)]) for k, v in logits.items()}
+    for k in ("compiled", "native"):
+        assert err[k].mean().item() <= 1.25 * err["ref_ops"].mean().item() + 0.02, (k, err[k].mean(), err["ref_ops"].mean())
+        assert err[k].max().item() <= 1.25 * err["ref_ops"].max().item() + 0.125, (k, err[k].max(), err["ref_ops"].max())
+    for k in ("ref_ops", "compiled", "native"):
+        assert [x.argmax(-1).tolist() for x in logits[k]] == [x.argmax(-1).tolist() for x in logits["fp32"]], k
 
 
 def test_auto_dtype_is_bf16_only_on_cpus_with_native_bf16(tmp_path, monkeypatch):

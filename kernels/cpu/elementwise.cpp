@@ -1,0 +1,236 @@
+// Fused row-wise CPU kernels for the eager forward (extend and mixed steps; the compiled decode graphs get the
+// same fusions from inductor). Each replaces a chain of 4-10 aten ops and their float32 temporaries with one
+// pass over the rows; built into the same extension as attention.cpp (kernels/cpu/build.py).
+//
+//   add_rmsnorm(x [T, H], residual [T, H] or None, weight [H], eps) -> (out [T, H], h [T, H] or [0] if None)
+//       h = x + residual (rounded to x's dtype, as torch's add), out = h * rsqrt(mean(h^2) + eps) * weight
+//   rope(x [T, Nh, D], cos_sin [P, D] float32, positions [T] int64) -> [T, Nh, D]
+//       rotate-half (Neox) rotary; cos_sin's first D/2 columns are cos, the last D/2 sin
+//   silu_mul(gate_up [T, 2I]) -> [T, I]        silu(gate) * up, gate the first I columns
+//
+// Numerics match kernels/ref.py: inputs float32 or bfloat16, math in float32, one rounding to the input dtype at
+// the end (ref's silu_mul rounds twice in bf16, so bf16 results may differ by one ulp). Rows are independent and
+// each row's reduction order is fixed, so results do not depend on T (batch-invariant).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+// Scalar conversions the compiler vectorizes. bfloat16 data is handled as its raw uint16_t bits (c10::BFloat16's
+// own conversions carry a branch per element and its struct loads defeat gcc's vectorizer): bf16 is the high half
+// of a float32; float -> bf16 rounds to nearest even, NaN kept quiet, as torch does.
+using bf16_bits = uint16_t;
+inline float to_f(float x) { return x; }
+inline float to_f(bf16_bits x) {
+  const uint32_t u = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+template <typename T>
+inline T from_f(float f);
+template <>
+inline float from_f<float>(float f) { return f; }
+template <>
+inline bf16_bits from_f<bf16_bits>(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return (f != f) ? bf16_bits(0x7FC0) : static_cast<bf16_bits>(rounded);
+}
+
+// exp(x) for x in [-87, 88] to ~2 float32 ulps, in straight-line code that vectorizes (libm's expf does not
+// without -ffast-math): x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a degree-6 Taylor polynomial, 2^n by bits.
+inline float exp_f(float x) {
+  x = x < -87.f ? -87.f : (x > 88.f ? 88.f : x);  // (std::fmin/fmax's NaN rules block vectorization)
+  // round to nearest by the 1.5 * 2^23 trick (std::nearbyint is a libm call that blocks vectorization); exact
+  // for |x log2 e| < 2^22, and without -ffast-math the compiler may not fold the add and the subtract.
+  constexpr float kRound = 12582912.f;
+  const float n = (x * 1.44269504088896341f + kRound) - kRound;
+  const float r = std::fma(n, -0.693145751953125f, std::fma(n, -1.428606765330187e-06f, x));
+  float p = 1.f / 720.f;
+  p = std::fma(p, r, 1.f / 120.f);
+  p = std::fma(p, r, 1.f / 24.f);
+  p = std::fma(p, r, 1.f / 6.f);
+  p = std::fma(p, r, 0.5f);
+  p = std::fma(p, r, 1.f);
+  p = std::fma(p, r, 1.f);
+  const uint32_t e = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &e, sizeof scale);
+  return p * scale;
+}
+
+// Calls fn with a null pointer of the storage type: float for float32, bf16_bits for bfloat16 (the Python side
+// never sends more); the kernels read tensors through ptr<T>.
+template <typename T>
+T* ptr(const at::Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+template <typename Fn>
+void dispatch_f32_bf16(at::ScalarType t, const char* op, Fn&& fn) {
+  if (t == at::kFloat) {
+    fn(static_cast<float*>(nullptr));
+  } else if (t == at::kBFloat16) {
+    fn(static_cast<bf16_bits*>(nullptr));
+  } else {
+    TORCH_CHECK(false, op, ": float32 or bfloat16 expected, got ", t);
+  }
+}
+
+constexpr int64_t kGrain = 16;  // rows per parallel task (rows are 1-6 KB: smaller tasks cost more than they save)
+
+template <typename T>
+void add_rmsnorm_rows(const T* x, const T* res, const T* w, T* out, T* h, int64_t rows, int64_t n, float eps) {
+  at::parallel_for(0, rows, kGrain, [&](int64_t b, int64_t e) {
+    std::vector<float> buf(n);
+    std::vector<float> wf(n);
+    for (int64_t j = 0; j < n; ++j) wf[j] = to_f(w[j]);
+    for (int64_t r = b; r < e; ++r) {
+      const T* xr = x + r * n;
+      float* hb = buf.data();
+      if (res != nullptr) {
+        const T* rr = res + r * n;
+        T* hr = h + r * n;
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) {
+          const T s = from_f<T>(to_f(xr[j]) + to_f(rr[j]));  // rounded as torch's add
+          hr[j] = s;
+          hb[j] = to_f(s);
+        }
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) hb[j] = to_f(xr[j]);
+      }
+      float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t j = 0; j < n; ++j) acc += hb[j] * hb[j];
+      const float inv = 1.f / std::sqrt(acc / static_cast<float>(n) + eps);
+      T* outr = out + r * n;
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) outr[j] = from_f<T>(hb[j] * inv * wf[j]);
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rmsnorm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
+                                               const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() >= 1 && weight.dim() == 1 && x.size(-1) == weight.size(0), "add_rmsnorm: shape mismatch");
+  auto xc = x.contiguous();
+  auto wc = weight.to(x.scalar_type()).contiguous();
+  const int64_t n = x.size(-1), rows = n ? x.numel() / n : 0;
+  auto out = at::empty_like(xc);
+  at::Tensor h, rc;
+  if (residual.has_value()) {
+    TORCH_CHECK(residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type(),
+                "add_rmsnorm: residual must match x");
+    rc = residual->contiguous();
+    h = at::empty_like(xc);
+  } else {
+    h = at::empty({0}, x.options());  // no residual: h is x itself (the Python wrapper returns x; no alias here)
+  }
+  dispatch_f32_bf16(x.scalar_type(), "add_rmsnorm", [&](auto* tag) {
+    using scalar_t = std::remove_pointer_t<decltype(tag)>;
+    add_rmsnorm_rows<scalar_t>(ptr<scalar_t>(xc), rc.defined() ? ptr<scalar_t>(rc) : nullptr,
+                               ptr<scalar_t>(wc), ptr<scalar_t>(out),
+                               rc.defined() ? ptr<scalar_t>(h) : nullptr, rows, n, static_cast<float>(eps));
+  });
+  return {out, h};
+}
+
+template <typename T>
+void rope_rows(const T* x, const float* cs, const int64_t* pos, T* out, int64_t t, int64_t heads, int64_t d,
+               int64_t x_row_stride) {
+  const int64_t half = d / 2;
+  at::parallel_for(0, t, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float* c = cs + pos[i] * d;
+      const float* s = c + half;
+      for (int64_t hh = 0; hh < heads; ++hh) {
+        const T* xr = x + i * x_row_stride + hh * d;
+        T* o = out + (i * heads + hh) * d;
+#pragma omp simd
+        for (int64_t j = 0; j < half; ++j) {
+          const float x1 = to_f(xr[j]), x2 = to_f(xr[j + half]);
+          o[j] = from_f<T>(x1 * c[j] - x2 * s[j]);
+          o[j + half] = from_f<T>(x2 * c[j] + x1 * s[j]);
+        }
+      }
+    }
+  });
+}
+
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos_sin, const at::Tensor& positions) {
+  TORCH_CHECK(x.dim() == 3 && cos_sin.dim() == 2 && cos_sin.size(1) == x.size(2) && x.size(2) % 2 == 0,
+              "rope: x [T, Nh, D] and cos_sin [P, D] expected");
+  TORCH_CHECK(cos_sin.scalar_type() == at::kFloat, "rope: cos_sin must be float32");
+  TORCH_CHECK(positions.dim() == 1 && positions.size(0) == x.size(0), "rope: positions [T] expected");
+  // x is usually a view of the fused qkv projection: rows strided, heads and dims contiguous inside a row.
+  auto xc = (x.stride(2) == 1 && x.stride(1) == x.size(2)) ? x : x.contiguous();
+  auto cs = cos_sin.contiguous();
+  auto pos = positions.to(at::kLong).contiguous();
+  const int64_t t = x.size(0), heads = x.size(1), d = x.size(2);
+  if (t > 0) {
+    auto mx = pos.max().item<int64_t>(), mn = pos.min().item<int64_t>();
+    TORCH_CHECK(mn >= 0 && mx < cs.size(0), "rope: position out of the cos/sin table");
+  }
+  auto out = at::empty({t, heads, d}, x.options());
+  dispatch_f32_bf16(x.scalar_type(), "rope", [&](auto* tag) {
+    using scalar_t = std::remove_pointer_t<decltype(tag)>;
+    rope_rows<scalar_t>(ptr<scalar_t>(xc), cs.data_ptr<float>(), pos.data_ptr<int64_t>(),
+                        ptr<scalar_t>(out), t, heads, d, xc.stride(0));
+  });
+  return out;
+}
+
+template <typename T>
+void silu_mul_rows(const T* gu, T* out, int64_t rows, int64_t n) {
+  at::parallel_for(0, rows, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const T* g = gu + r * 2 * n;
+      const T* u = g + n;
+      T* o = out + r * n;
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) {
+        const float gf = to_f(g[j]);
+        o[j] = from_f<T>(gf / (1.f + exp_f(-gf)) * to_f(u[j]));
+      }
+    }
+  });
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "silu_mul: gate_up [T, 2I] expected");
+  auto gu = gate_up.contiguous();
+  const int64_t rows = gu.size(0), n = gu.size(1) / 2;
+  auto out = at::empty({rows, n}, gu.options());
+  dispatch_f32_bf16(gu.scalar_type(), "silu_mul", [&](auto* tag) {
+    using scalar_t = std::remove_pointer_t<decltype(tag)>;
+    silu_mul_rows<scalar_t>(ptr<scalar_t>(gu), ptr<scalar_t>(out), rows, n);
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(radixgen, m) {
+  m.def("add_rmsnorm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("rope(Tensor x, Tensor cos_sin, Tensor positions) -> Tensor");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(radixgen, CPU, m) {
+  m.impl("add_rmsnorm", &add_rmsnorm);
+  m.impl("rope", &rope);
+  m.impl("silu_mul", &silu_mul);
+}
