@@ -119,7 +119,8 @@ def run_workload(s: System, name: str, seed: int, rag_questions: int, hf_rag_que
 
 
 SCHED_COUNTERS = ("forward_steps", "mixed_steps", "stall_steps", "stall_steps_prefill_only",
-                  "stall_steps_retraction", "stall_steps_grammar_wait", "num_retracted_reqs")
+                  "stall_steps_retraction", "stall_steps_grammar_wait", "num_retracted_reqs",
+                  "decode_steps_timed", "decode_step_s_total", "decode_forward_s_total")
 
 
 def sched_counters(s: System) -> dict | None:
@@ -187,7 +188,10 @@ def main() -> None:
                     res = run_workload(s, w, r + 1, args.rag_questions, args.hf_rag_questions)
                     if before is not None:  # this workload's scheduler steps and stalls
                         after = sched_counters(s)
-                        res["sched"] = {k: after[k] - before[k] for k in SCHED_COUNTERS}
+                        sc = res["sched"] = {k: after[k] - before[k] for k in SCHED_COUNTERS}
+                        if sc["decode_steps_timed"]:  # host ms per decode step: loop time outside the forward
+                            sc["decode_host_ms"] = 1e3 * (sc["decode_step_s_total"] - sc["decode_forward_s_total"]) \
+                                / sc["decode_steps_timed"]
                     res.update(system=s.name, workload=w, round=r + 1)
                     doc["runs"].append(res)
                     print(

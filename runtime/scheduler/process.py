@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -88,11 +89,13 @@ class SchedulerLoop:
         overlap = cfg is not None and cfg.scheduler.enable_overlap_schedule
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="forward") if overlap else None
         self._later: list[Any] = []  # messages received during a forward, handled after it
+        self.timer = StepTimer()
 
     def run(self) -> None:
         s = self.scheduler
         idle_wait = True
         while True:
+            t0 = time.perf_counter()
             if s.has_work() and not idle_wait:
                 msgs = self._recv.drain()
             else:  # idle: block (1 s slices); busy but nothing came out last step: yield briefly
@@ -101,6 +104,7 @@ class SchedulerLoop:
                 msgs = [] if first is None else [first, *self._recv.drain()]
                 if not msgs and not self._later and not s.has_work():
                     continue
+                t0 = time.perf_counter()  # waiting for work is not step time
             msgs, self._later = self._later + msgs, []
             for msg in msgs:
                 if isinstance(msg, ShutdownReq):
@@ -110,6 +114,9 @@ class SchedulerLoop:
             if outs:
                 self._to_detok.send(BatchTokenOut(outs=outs))
             idle_wait = not outs
+            fwd, s.last_forward = getattr(s, "last_forward", None), None
+            if fwd is not None and fwd[0]:
+                self.timer.add(time.perf_counter() - t0, fwd[1])
 
     def _overlapped_step(self) -> list[ReqTokenOut]:
         """One step with the forward on the worker thread; meanwhile new requests are received and queued."""
@@ -117,7 +124,7 @@ class SchedulerLoop:
         batch = s.begin_step()
         if batch is None:
             return s.end_step(None, None)
-        fut = self._pool.submit(s.runner.forward, batch.forward_batch())
+        fut = self._pool.submit(s.forward, batch)
         while not fut.done():
             msg = self._recv.recv(timeout_ms=1)
             if isinstance(msg, TokenizedGenerateReq):
@@ -137,7 +144,7 @@ class SchedulerLoop:
             self._to_detok.send(BatchTokenOut(outs=[ReqTokenOut(rid=msg.rid, new_ids=[], finish_reason=fr)]))
             return
         if isinstance(reply, InternalStateOut):
-            reply = InternalStateOut(state={**reply.state, **self._grammar_state()})
+            reply = InternalStateOut(state={**reply.state, **self._grammar_state(), **self.timer.state()})
         if reply is not None:
             self._to_tm.send(reply)
 
@@ -151,6 +158,27 @@ class SchedulerLoop:
                 "num_grammar_cache_hit_total": g.get("cache_hits", 0),
                 "num_grammar_timeout_total": g.get("timeouts", 0),
                 "grammar_compilation_time_seconds_sum": g.get("compile_time_total", 0.0)}
+
+
+class StepTimer:
+    """Wall time of the loop's decode-only iterations (receive + handle + plan + forward + sample + send), and
+    the part of it inside runner.forward: what is left is the host time per decode step (the lean-step target,
+    issue 17). Cumulative, so a benchmark diffs two reads of /get_server_info. With the overlap schedule the
+    forward runs on a worker thread and its span is still subtracted."""
+
+    def __init__(self) -> None:
+        self.steps, self.step_s, self.forward_s = 0, 0.0, 0.0
+
+    def add(self, step_s: float, forward_s: float) -> None:
+        self.steps += 1
+        self.step_s += step_s
+        self.forward_s += forward_s
+
+    def state(self) -> dict[str, Any]:
+        n = max(self.steps, 1)
+        return {"decode_steps_timed": self.steps, "decode_step_s_total": self.step_s,
+                "decode_forward_s_total": self.forward_s,
+                "decode_host_ms_mean": 1e3 * (self.step_s - self.forward_s) / n}
 
 
 def _build_scheduler_loop(cfg: Config, ctx: zmq.Context, spec: dict) -> SchedulerLoop:

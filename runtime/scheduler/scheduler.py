@@ -118,6 +118,7 @@ class Scheduler:
                       "mixed_steps": 0, "stall_steps": 0, **{f"stall_steps_{r}": 0 for r in STALL_REASONS}}
         self._retracted_now: list[Req] = []
         self._expect: list[tuple[Req, int]] = []
+        self.last_forward: tuple[bool, float] | None = None  # set by forward(), read and cleared by the loop
 
     # ---- input ------------------------------------------------------------------------------------------------
     def handle(self, msg: Any) -> FlushCacheOut | InternalStateOut | None:
@@ -182,8 +183,17 @@ class Scheduler:
         budget) -> forward -> sample and finish -> report. Idle: check the KV invariant and reset the
         reservation ratio."""
         batch = self.begin_step()
-        logits = self.runner.forward(batch.forward_batch()) if batch is not None else None
+        logits = self.forward(batch) if batch is not None else None
         return self.end_step(batch, logits)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """The step's model forward; `last_forward` = (every row a decode row, seconds in runner.forward) for
+        the process loop's step timing (the ForwardBatch is built outside the timed span: host work)."""
+        fb = batch.forward_batch()
+        t = time.perf_counter()
+        logits = self.runner.forward(fb)
+        self.last_forward = (batch.is_decode, time.perf_counter() - t)
+        return logits
 
     def begin_step(self) -> Batch | None:
         """The host half before the forward: poll grammars and plan this step's batch (None: nothing to run).
