@@ -31,6 +31,12 @@ class ModelConfig:
     channel); fp8 (e4m3 per channel) needs CUDA."""
     quantization_group_size: int = 32
     """Inputs per scale for round-to-nearest int4 on load: 32, 64, 128 or 256 (GGUF Q4 blocks are always 32)."""
+    quantization_dense_rows: int = 8
+    """CPU, int4/int8 weights: calls with at least this many rows (decode batches of this size, prefill) run a
+    dense bfloat16 GEMM on a bf16 copy kept beside each quantized weight, fewer rows the weight-only kernels
+    (they read 2-4x fewer bytes, so they win alone; torch's CPU ones loop over rows, so a dense GEMM wins at
+    batch: bench/results/quant_serving.md). The copies cost 2 bytes per parameter. 0: no copies (prefill then
+    dequantizes each weight per call)."""
     device: str = "auto"
     """Device to run on: auto, cpu or cuda."""
     context_length: int | None = None
@@ -312,6 +318,8 @@ def _resolve_quantization(model: ModelConfig) -> str:
     q = model.quantization
     if q not in QUANTIZATION_MODES:
         raise ValueError(f"unknown --quantization {q!r} (one of {', '.join(QUANTIZATION_MODES)})")
+    if model.quantization_dense_rows < 0:
+        raise ValueError(f"--quantization-dense-rows must be >= 0, got {model.quantization_dense_rows}")
     if model.quantization_group_size not in (32, 64, 128, 256):
         raise ValueError(f"--quantization-group-size must be 32, 64, 128 or 256, got {model.quantization_group_size}")
     if q == "fp8" and model.device != "cuda":

@@ -20,13 +20,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.quant import gguf_blocks, rtn
-from kernels.quant.weights import Fp8Weight, Int4Weight, Int8Weight, QuantWeight, linear, weight_nbytes
+from kernels.quant.weights import (
+    Fp8Weight,
+    Int4Weight,
+    Int8Weight,
+    QuantWeight,
+    keep_dense_copies,
+    linear,
+    weight_nbytes,
+)
 
 MODES = ("none", "int8", "int4", "fp8")
 
 __all__ = [
     "MODES", "Fp8Weight", "Int4Weight", "Int8Weight", "QTensor", "QuantEmbedding", "QuantWeight",
-    "cat_rows", "embedding", "from_gguf", "linear", "quantize", "to_kernel", "weight_nbytes",
+    "cat_rows", "embedding", "from_gguf", "keep_dense_copies", "linear", "quantize", "to_kernel", "weight_nbytes",
 ]
 
 

@@ -29,14 +29,30 @@ CPU_INT4_BLOCK_N = 64  # output rows per block of the CPU int4 layout
 # From this many rows on (prefill), the CPU path dequantizes the weight to bfloat16 for the call and runs a dense
 # GEMM: torch's weight-only kernels cost time linear in the rows (a GEMV loop; ~10x a dense bf16 GEMM at
 # 1024 rows), while dequantizing costs one pass over the weight (bench/quant_kernels.py measures both).
+# With a kept bfloat16 copy (keep_dense_copies) the crossover is the copy's own, much lower threshold.
 CPU_DENSE_MIN_ROWS = 256
 
 
 class QuantWeight(nn.Module):
-    """Base: out_features N, in_features K; forward(x [..., K]) -> [..., N] in x.dtype."""
+    """Base: out_features N, in_features K; forward(x [..., K]) -> [..., N] in x.dtype.
+
+    CPU layouts may also hold `dense`, a bfloat16 copy [N, K] of the dequantized weight (keep_dense_copies):
+    calls with at least `dense_min_rows` rows then run one dense GEMM on it, fewer rows the quantized kernel."""
 
     out_features: int
     in_features: int
+    dense: torch.Tensor | None
+    dense_min_rows: int = CPU_DENSE_MIN_ROWS
+
+    def dense_bf16(self) -> torch.Tensor:
+        """The weight dequantized to bfloat16 [N, K] (CPU layout)."""
+        raise NotImplementedError
+
+    def _dense_for(self, rows: int) -> torch.Tensor | None:
+        """The bfloat16 weight to multiply `rows` rows by densely, or None for the quantized kernel."""
+        if rows < self.dense_min_rows:
+            return None
+        return self.dense if self.dense is not None else self.dense_bf16()
 
     def dequantize(self) -> torch.Tensor:
         """The weight the kernel multiplies by, float32 [N, K] (the tests' reference)."""
@@ -81,6 +97,7 @@ class Int4Weight(QuantWeight):
             self.register_buffer("packed", packed)  # [N, K / 2] uint8, blocked layout
             sz = torch.stack([scale.float().t(), zero.float().t()], dim=-1)  # [K / G, N, 2]
             self.register_buffer("scale_zero", sz.to(CPU_ACT).contiguous())
+        self.register_buffer("dense", None)
 
     def codes(self) -> torch.Tensor:
         """Unpack the kernel layout back to uint8 codes [N, K] (exact)."""
@@ -104,13 +121,13 @@ class Int4Weight(QuantWeight):
             from kernels.quant.triton_mm import INT4, dequant_mm
 
             return dequant_mm(x.contiguous(), self.packed, self.scale, self.zero, INT4, self.out_features)
-        if x.shape[0] >= CPU_DENSE_MIN_ROWS and self.out_features % CPU_INT4_BLOCK_N == 0:
-            return F.linear(x.to(CPU_ACT), self.dense_bf16()).to(x.dtype)
+        w = self._dense_for(x.shape[0]) if self.out_features % CPU_INT4_BLOCK_N == 0 else None
+        if w is not None:
+            return F.linear(x.to(CPU_ACT), w).to(x.dtype)
         y = torch._weight_int4pack_mm_for_cpu(x.to(CPU_ACT), self.packed, self.group, self.scale_zero)
         return y.to(x.dtype)
 
     def dense_bf16(self) -> torch.Tensor:
-        """The weight dequantized to bfloat16 [N, K], computed for one call (CPU layout)."""
         n, k = self.out_features, self.in_features
         codes = unpack_cpu_int4(self.packed, n, k).reshape(n, k // self.group, self.group).to(CPU_ACT)
         sz = self.scale_zero.transpose(0, 1)  # [N, K / G, 2]
@@ -132,17 +149,22 @@ class Int8Weight(QuantWeight):
         self.register_buffer("codes", codes.to(torch.int8).contiguous().to(device))  # [N, K]
         dtype = torch.float32 if self.cuda_layout else CPU_ACT
         self.register_buffer("scale", scale.to(dtype).contiguous().to(device))  # [N, K / G]
+        self.register_buffer("dense", None)
 
     def dequantize(self) -> torch.Tensor:
         return rtn.dequantize_scaled(self.codes.cpu(), self.scale.float().cpu())
+
+    def dense_bf16(self) -> torch.Tensor:
+        return self.codes.to(CPU_ACT) * self.scale
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         if self.cuda_layout:
             from kernels.quant.triton_mm import INT8, dequant_mm
 
             return dequant_mm(x.contiguous(), self.codes, self.scale, None, INT8, self.out_features)
-        if x.shape[0] >= CPU_DENSE_MIN_ROWS:
-            return F.linear(x.to(CPU_ACT), self.codes.to(CPU_ACT) * self.scale).to(x.dtype)
+        w = self._dense_for(x.shape[0])
+        if w is not None:
+            return F.linear(x.to(CPU_ACT), w).to(x.dtype)
         return torch._weight_int8pack_mm(x.to(CPU_ACT), self.codes, self.scale[:, 0]).to(x.dtype)
 
 
@@ -166,6 +188,23 @@ class Fp8Weight(QuantWeight):
         from kernels.quant.triton_mm import FP8, dequant_mm
 
         return dequant_mm(x.contiguous(), self.bits, self.scale, None, FP8, self.out_features)
+
+
+def keep_dense_copies(model: nn.Module, min_rows: int) -> int:
+    """Give every CPU-layout Int4/Int8 weight of `model` a bfloat16 copy used from `min_rows` rows per call on
+    (decode batches of that size and prefill run one dense GEMM; smaller batches the weight-only kernels, which
+    read 2-4x fewer bytes). Returns the bytes added. The copy is a buffer, so a compiled forward freezes and
+    prepacks it like a dense weight. Copies of the exact dequantized values (bf16 scales, integer codes:
+    (q - 8) * s + z rounded once to bf16 as in the per-call path)."""
+    added = 0
+    for m in model.modules():
+        if isinstance(m, (Int4Weight, Int8Weight)) and not m.cuda_layout:
+            if isinstance(m, Int4Weight) and m.out_features % CPU_INT4_BLOCK_N:
+                continue  # no unpack for this layout: the int4 kernel at every batch size
+            m.dense = m.dense_bf16().contiguous()
+            m.dense_min_rows = min_rows
+            added += m.dense.numel() * m.dense.element_size()
+    return added
 
 
 def _interpreted() -> bool:

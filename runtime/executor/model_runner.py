@@ -22,7 +22,7 @@ import logging
 
 import torch
 
-from kernels import create_attn_backend
+from kernels import create_attn_backend, quant
 from runtime.config import Config, resolve
 from runtime.env import load_env
 from runtime.executor import tp
@@ -68,9 +68,14 @@ class ModelRunner:
             reduce = tensor_parallel.all_reduce_sum()
         self.arch: ModelArch = arch
         self.model = LlamaForCausalLM(arch, weights, self.device, self.dtype, reduce=reduce)
-        self.weights_bytes = self.model.weights_nbytes()
-        log.info("weights: %.1f MB on %s (quantization %s: %s)", self.weights_bytes / 2**20, self.device,
-                 mc.quantization, quantized)
+        self.dense_copy_bytes = 0  # bf16 copies of quantized weights for batched calls (--quantization-dense-rows)
+        if self.device.type == "cpu" and mc.quantization_dense_rows > 0:
+            self.dense_copy_bytes = quant.keep_dense_copies(self.model, mc.quantization_dense_rows)
+        self.weights_bytes = self.model.weights_nbytes()  # everything the weights hold, copies included
+        log.info("weights: %.1f MB on %s (quantization %s: %s)%s", self.weights_bytes / 2**20, self.device,
+                 mc.quantization, quantized,
+                 f", of which {self.dense_copy_bytes / 2**20:.1f} MB bf16 copies for calls of >= "
+                 f"{mc.quantization_dense_rows} rows" if self.dense_copy_bytes else "")
         self.vocab_size = arch.vocab_size
         self.eos_token_ids = read_eos_ids(self.model_path)
         self.context_len = min(mc.context_length or arch.max_position, arch.max_position)

@@ -169,6 +169,30 @@ def test_triton_dequant_mm_matches_reference(m: int, n: int, k: int, group: int,
     torch.testing.assert_close(qw(x).cpu(), ref, rtol=0, atol=1e-5 * ref.abs().max().item())
 
 
+def test_kept_dense_copies_dispatch_by_rows_and_equal_the_per_call_dequant() -> None:
+    """keep_dense_copies: each CPU int4/int8 weight gets a bf16 copy equal to its per-call dequantization; calls
+    with >= min_rows rows run on it (same result as the per-call dense path), fewer rows the quantized kernel
+    (same result as without a copy); the bytes added are 2 per parameter; weights it cannot unpack are left."""
+    from kernels.quant import keep_dense_copies
+
+    g = torch.Generator().manual_seed(9)
+    w = torch.randn(128, 256, generator=g) * 0.05
+    model = torch.nn.ModuleList([to_kernel(quantize(w, "int4", 32), "cpu"), to_kernel(quantize(w, "int8", 0), "cpu"),
+                                 to_kernel(quantize(w[:96], "int4", 32), "cpu")])  # N = 96: no unpack
+    x1, x8 = torch.randn(1, 256, generator=g), torch.randn(8, 256, generator=g)
+    before = [(linear(x1, m), linear(x8, m)) for m in model]
+    assert keep_dense_copies(model, 8) == 2 * 2 * 128 * 256
+    w4, w8, odd = model
+    assert odd.dense is None and w4.dense.dtype == w8.dense.dtype == torch.bfloat16
+    assert torch.equal(w4.dense, w4.dense_bf16()) and torch.equal(w8.dense, w8.dense_bf16())
+    for m, (y1, y8) in zip(model, before, strict=True):
+        assert torch.equal(linear(x1, m), y1)  # 1 row: the quantized kernel, as before
+        if m.dense is not None:
+            assert torch.equal(linear(x8, m), torch.nn.functional.linear(x8.bfloat16(), m.dense).float())
+            _assert_bf16_close(linear(x8, m), y8)
+    assert "dense" in dict(w4.named_buffers())  # a buffer: compiled forwards freeze and prepack it
+
+
 def test_quantized_linear_compiles_fullgraph() -> None:
     """The CPU weight-only ops trace under torch.compile (the engine's compiled forward) and match eager."""
     w = torch.randn(128, 256, generator=torch.Generator().manual_seed(3)) * 0.05
