@@ -397,6 +397,7 @@ struct Rows {
 };
 
 #include "extend_amx.h"
+#include "decode_shared.h"
 
 void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
               int64_t layer, const at::Tensor& loc) {
@@ -453,13 +454,19 @@ void decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
   if (B < 2) P = 0;
   total -= int64_t(B - 1) * P;  // keys actually read per KV head
   // Chunk length: about 8 items per thread, at least one block.
-  const int64_t target = 8LL * at::get_num_threads();
+  const int threads = at::get_num_threads();
+  const int64_t target = 8LL * threads;
   int64_t chunk = (total + target - 1) / target;
   chunk = std::max<int64_t>(BLK, (chunk + BLK - 1) / BLK * BLK);
-  const int64_t n_pre = (P + chunk - 1) / chunk;
+  // Shared prefix: n_pre chunks of pre_chunk keys, each a partial of every row. Row kernel: one item per chunk
+  // (all KV heads); brgemm: one item per (chunk, KV head), item it = c * Hkv + h.
+  const amx::SharedPath path = P > 0 ? amx::shared_path<R>(B * G, D) : amx::SharedPath::rows;
+  const bool gemm = path != amx::SharedPath::rows;
+  const int64_t pre_chunk = gemm ? amx::shared_chunk(P, Hkv, threads) : chunk;
+  const int64_t n_pre = (P + pre_chunk - 1) / pre_chunk;
   std::vector<int64_t> n_own(B), item_start(B + 1);
   int64_t max_parts = 0;
-  item_start[0] = n_pre;
+  item_start[0] = gemm ? n_pre * Hkv : n_pre;
   for (int b = 0; b < B; ++b) {
     n_own[b] = (lens[b] - P + chunk - 1) / chunk;
     max_parts = std::max(max_parts, n_pre + n_own[b]);
@@ -469,15 +476,35 @@ void decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
   std::vector<float> part_o(size_t(B) * max_parts * Hq * D), part_lse(size_t(B) * max_parts * Hq);
   auto part = [&](int b, int64_t p) { return (int64_t(b) * max_parts + p) * Hq; };
   const float sc = float(scale);
-  auto save = [&](const Scratch& s, int m, int64_t dst_row) {  // row m's normalized output and lse
-    const float inv = 1.0f / s.l[m];
+  auto save = [&](const float* o, float m, float l, int64_t dst_row) {  // a row's normalized output and lse
+    const float inv = 1.0f / l;
     float* dst = part_o.data() + dst_row * D;
-    for (int x = 0; x < D; ++x) dst[x] = s.o[size_t(m) * D + x] * inv;
-    part_lse[dst_row] = s.m[m] + std::log(s.l[m]);
+    for (int x = 0; x < D; ++x) dst[x] = o[x] * inv;
+    part_lse[dst_row] = m + std::log(l);
   };
-  const int max_m = std::max(Hq, P > 0 ? B * Hq : 0);
+  // brgemm prefix item: chunk c, KV head h, rows (b, g) of A are request b's query head h*G + g.
+  auto gemm_item = [&]<typename T>(int64_t it) {
+    thread_local amx::Buffers<T> buf;
+    const int64_t c = it / Hkv, j0 = c * pre_chunk, n = std::min(pre_chunk, P - j0);
+    const int h = it % Hkv, M = B * G;
+    std::vector<const R*> qr(M);
+    for (int b = 0; b < B; ++b)
+      for (int g = 0; g < G; ++g) qr[b * G + g] = qp + b * qs0 + (h * G + g) * qs1;
+    amx::attend_keys(amx::KvView<R>{kl + h * D, vl + h * D, rs}, tab + rows[0] * C + j0, int(n), qr.data(), M, D,
+                     sc, buf);
+    for (int m = 0; m < M; ++m)
+      save(buf.o.data() + size_t(m) * D, buf.m[m], buf.l[m], part(m / G, c) + h * G + m % G);
+    at::native::cpublas::brgemm_release();
+  };
+  const int max_m = std::max(Hq, P > 0 && !gemm ? B * Hq : 0);
   run_items(item_start[B], max_m, D, Hkv * D, [&](int64_t it, Scratch& s) {
-    if (it < n_pre) {  // shared prefix chunk c, all B*Hq rows ordered (h, b, g)
+    if (it < item_start[0] && gemm) {
+      if constexpr (std::is_same_v<R, uint16_t>) {
+        if (path == amx::SharedPath::brgemm_bf16) return gemm_item.template operator()<uint16_t>(it);
+      }
+      return gemm_item.template operator()<float>(it);
+    }
+    if (it < item_start[0]) {  // shared prefix chunk c = it, all B*Hq rows ordered (h, b, g)
       const int64_t j0 = it * chunk, n = std::min(chunk, P - j0);
       Rows<R, DT> rw(Hkv, B * G, D, sc, s);
       for (int h = 0; h < Hkv; ++h)
@@ -485,9 +512,10 @@ void decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
           for (int g = 0; g < G; ++g) load_q(s, (h * B + b) * G + g, qp + b * qs0 + (h * G + g) * qs1, D, sc);
       rw.init();
       rw.attend(tab + rows[0] * C + j0, n, kl, vl, rs, nullptr);
-      for (int h = 0; h < Hkv; ++h)
-        for (int b = 0; b < B; ++b)
-          for (int g = 0; g < G; ++g) save(s, (h * B + b) * G + g, part(b, it) + h * G + g);
+      for (int m = 0; m < rw.M; ++m) {
+        const int h = m / (B * G), b = (m / G) % B, g = m % G;
+        save(s.o.data() + size_t(m) * D, s.m[m], s.l[m], part(b, it) + h * G + g);
+      }
       return;
     }
     // request b's own keys, chunk c; rows are its Hq query heads in order (h, g)
@@ -497,7 +525,7 @@ void decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
     for (int hq = 0; hq < Hq; ++hq) load_q(s, hq, qp + b * qs0 + hq * qs1, D, sc);
     rw.init();
     rw.attend(tab + rows[b] * C + j0, n, kl, vl, rs, nullptr);
-    for (int hq = 0; hq < Hq; ++hq) save(s, hq, part(b, n_pre + c) + hq);
+    for (int hq = 0; hq < Hq; ++hq) save(s.o.data() + size_t(hq) * D, s.m[hq], s.l[hq], part(b, n_pre + c) + hq);
   });
   // Merge: out[b, hq] = sum_p exp(lse_p - lse) * o_p.
   at::parallel_for(0, int64_t(B) * Hq, 1, [&](int64_t begin, int64_t end) {

@@ -135,7 +135,7 @@ struct Block {
 
 template <typename T>
 struct Buffers {  // per thread, grown on demand
-  std::vector<T> a, p;
+  std::vector<T> a, p, pack;  // pack: one block_elems(D) block (decode packs as it goes)
   std::vector<float> s, o, m, l;
   void reserve(int M, int D) {
     a.resize(size_t(M) * D);
@@ -147,14 +147,10 @@ struct Buffers {  // per thread, grown on demand
   }
 };
 
-// One (item, KV head) over packed key blocks in key order. q_rows[m] points at query row m (bf16, D contiguous);
-// row m sees keys j < lim[m]; out_rows[m] receives the result (bf16).
+// Flash state of one (item, KV head) in b: A = its M query rows [M, D] (raw, unscaled; q_rows[m] points at row
+// m, D contiguous), and per row the running max m (of scaled scores), sum l and unnormalized output o [M, D].
 template <typename R, typename T>
-inline void attend_head(const R* const* q_rows, const int* lim, int M, int D, const Block<T>* blocks,
-                        int n_blocks, float scale, R* const* out_rows, Buffers<T>& b) {
-  using at::native::cpublas::brgemm;
-  using E = Elem<T>;
-  constexpr bool vnni = std::is_same_v<T, uint16_t>;
+inline void start_rows(const R* const* q_rows, int M, int D, Buffers<T>& b) {
   b.reserve(M, D);
   for (int m = 0; m < M; ++m) {
     if constexpr (std::is_same_v<R, T>) std::memcpy(b.a.data() + size_t(m) * D, q_rows[m], sizeof(T) * D);
@@ -163,32 +159,47 @@ inline void attend_head(const R* const* q_rows, const int* lim, int M, int D, co
   std::fill_n(b.m.data(), M, NEG_INF);
   std::fill_n(b.l.data(), M, 0.0f);
   std::fill_n(b.o.data(), size_t(M) * D, 0.0f);
+}
+
+// One packed key block into the state: S = A x Bk [M, NB]; row m sees the block's keys [0, vis), vis = nb, or
+// min(nb, lim[m] - j0) with a causal limit lim (row m sees keys j < lim[m]); online softmax; O = O*alpha + P x Bv.
+template <typename T>
+inline void attend_block(const Block<T>& blk, const int* lim, int M, int D, float scale, Buffers<T>& b) {
+  using at::native::cpublas::brgemm;
+  using E = Elem<T>;
+  constexpr bool vnni = std::is_same_v<T, uint16_t>;
   const auto* A = reinterpret_cast<const E*>(b.a.data());
-  for (int k = 0; k < n_blocks; ++k) {
-    const Block<T>& blk = blocks[k];
-    const auto* bk = reinterpret_cast<const E*>(blk.packed);
-    const auto* bv = reinterpret_cast<const E*>(blk.packed + size_t(D) * NB);
-    brgemm(M, NB, D, D, NB, NB, false, A, bk, b.s.data(), vnni);
-    for (int m = 0; m < M; ++m) {
-      float* sm = b.s.data() + size_t(m) * NB;
-      T* pm = b.p.data() + size_t(m) * NB;
-      const int vis = std::min(blk.nb, lim[m] - blk.j0);
-      if (vis <= 0) {
-        std::fill_n(pm, NB, T(0));
-        continue;
-      }
-      float sum = 0.0f;
-      const float mx = softmax_to(sm, vis, scale, b.m[m], pm, &sum);
-      const float alpha = exp_neg(b.m[m] - mx);
-      b.m[m] = mx;
-      b.l[m] = b.l[m] * alpha + sum;
-      if (alpha != 1.0f) {
-        float* om = b.o.data() + size_t(m) * D;
-        for (int x = 0; x < D; ++x) om[x] *= alpha;
-      }
+  const auto* bk = reinterpret_cast<const E*>(blk.packed);
+  const auto* bv = reinterpret_cast<const E*>(blk.packed + size_t(D) * NB);
+  brgemm(M, NB, D, D, NB, NB, false, A, bk, b.s.data(), vnni);
+  for (int m = 0; m < M; ++m) {
+    float* sm = b.s.data() + size_t(m) * NB;
+    T* pm = b.p.data() + size_t(m) * NB;
+    const int vis = lim ? std::min(blk.nb, lim[m] - blk.j0) : blk.nb;
+    if (vis <= 0) {
+      std::fill_n(pm, NB, T(0));
+      continue;
     }
-    brgemm(M, D, NB, NB, D, D, true, reinterpret_cast<const E*>(b.p.data()), bv, b.o.data(), vnni);
+    float sum = 0.0f;
+    const float mx = softmax_to(sm, vis, scale, b.m[m], pm, &sum);
+    const float alpha = exp_neg(b.m[m] - mx);
+    b.m[m] = mx;
+    b.l[m] = b.l[m] * alpha + sum;
+    if (alpha != 1.0f) {
+      float* om = b.o.data() + size_t(m) * D;
+      for (int x = 0; x < D; ++x) om[x] *= alpha;
+    }
   }
+  brgemm(M, D, NB, NB, D, D, true, reinterpret_cast<const E*>(b.p.data()), bv, b.o.data(), vnni);
+}
+
+// One (item, KV head) over packed key blocks in key order; row m sees keys j < lim[m]; out_rows[m] receives
+// the normalized result (R).
+template <typename R, typename T>
+inline void attend_head(const R* const* q_rows, const int* lim, int M, int D, const Block<T>* blocks,
+                        int n_blocks, float scale, R* const* out_rows, Buffers<T>& b) {
+  start_rows(q_rows, M, D, b);
+  for (int k = 0; k < n_blocks; ++k) attend_block(blocks[k], lim, M, D, scale, b);
   for (int m = 0; m < M; ++m) {
     float* om = b.o.data() + size_t(m) * D;
     const float inv = 1.0f / b.l[m];

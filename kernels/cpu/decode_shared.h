@@ -1,0 +1,55 @@
+// Decode's shared-prefix (cascade) items through brgemm: included by attention.cpp after extend_amx.h.
+//
+// A shared-prefix item of decode is one KV head h and one chunk [j0, j0 + n) of the prefix keys, against all
+// M = B * G query rows of h (request b's query heads h*G .. h*G + G-1, rows ordered (b, g)): a GEMM shape,
+// S = Q [M, D] x K^T [D, n], so it runs on extend_amx.h's micro-kernels: the chunk is packed one block of NB keys
+// at a time into a per-thread buffer (read once, used by all M rows while in L1/L2), then attend_block.
+// Each row leaves a partial (o normalized, lse) that decode's merge pass combines with the row's own keys.
+// Numerics as extend: scores, softmax and O in float32; for bf16 the probabilities P round to bf16 before P x V.
+
+namespace amx {
+
+// Which kernel runs decode's shared-prefix items.
+enum class SharedPath { rows, brgemm_bf16, brgemm_f32 };
+
+// Measured on a 2-core AMX Xeon (bench/attention_cpu.py RAG rows and tests/kernels/bench_decode_shared.py):
+// bf16 AMX tiles beat the row kernel from M = B*G >= GEMM_MIN_ROWS; float32 brgemm (AVX-512 FMA) does too.
+constexpr int GEMM_MIN_ROWS = 16;
+
+template <typename R>
+inline SharedPath shared_path(int M, int D) {
+  if (M < GEMM_MIN_ROWS || D % 32 != 0 || D > 256) return SharedPath::rows;
+  if constexpr (std::is_same_v<R, float>) return SharedPath::brgemm_f32;
+  else return available<uint16_t>() ? SharedPath::brgemm_bf16 : SharedPath::rows;
+}
+
+// Keys per shared-prefix chunk: whole NB blocks, few enough items per KV head that each amortizes its setup
+// (copying A, writing M partials), enough (about 4 per thread over all heads) to balance the threads.
+inline int64_t shared_chunk(int64_t P, int Hkv, int threads) {
+  const int64_t n_blk = (P + NB - 1) / NB;
+  const int64_t per = std::max<int64_t>(1, n_blk * Hkv / (4 * int64_t(threads)));
+  return per * NB;
+}
+
+template <typename R>
+struct KvView {  // one KV head of a layer: key / value row of slot s at k + s * rs, v + s * rs (D contiguous)
+  const R* k;
+  const R* v;
+  int64_t rs;
+};
+
+// Attends the M query rows q_rows (raw, unscaled) to the n keys in slots slot[0, n), no causal limit; leaves
+// the flash state (b.o unnormalized, b.m, b.l) for the caller to read. R: pool type, T: packed type.
+template <typename R, typename T>
+inline void attend_keys(const KvView<R>& kv, const int32_t* slot, int n, const R* const* q_rows, int M, int D,
+                        float scale, Buffers<T>& b) {
+  start_rows(q_rows, M, D, b);
+  b.pack.resize(block_elems(D));
+  for (int j0 = 0; j0 < n; j0 += NB) {
+    const int nb = std::min(NB, n - j0);
+    pack_block(kv.k, kv.v, kv.rs, slot + j0, nb, D, b.pack.data());
+    attend_block(Block<T>{b.pack.data(), j0, nb}, nullptr, M, D, scale, b);
+  }
+}
+
+}  // namespace amx
