@@ -8,7 +8,9 @@
 //   decode  : B requests x 1 new token. Work items are (KV head, key chunk) for the shared prefix (all B*G query
 //             rows of that KV head against one chunk: the prefix is read once per layer) and (request, KV head,
 //             key chunk) for each request's own keys (split-KV). Each item leaves a partial (o, lse) per query row;
-//             a merge pass combines them by log-sum-exp. Items are pulled dynamically by every thread.
+//             a merge pass combines them by log-sum-exp. Items are pulled dynamically by every thread. With
+//             B*G >= 16 rows per KV head the prefix items run on brgemm instead (decode_shared.h: one item per
+//             (KV head, chunk of whole 128-key blocks), AMX bf16 tiles or float32 brgemm); else the row kernel.
 //   extend  : ragged new tokens (E_b per request after P_b cached ones), flash-style online softmax per
 //             (request, block of QB queries); query i of request b sees keys [0, P_b + i]. For head_dim % 32 == 0
 //             it runs on brgemm micro-kernels over key blocks packed once per call, the shared prefix once for

@@ -1,5 +1,6 @@
 // Extend through brgemm micro-kernels (oneDNN's, via ATen's cpublas): bf16 on CPUs whose kernels take
-// VNNI-packed bf16 (AMX machines), float32 everywhere. Included by attention.cpp (one translation unit).
+// VNNI-packed bf16 (AMX machines), float32 everywhere. Included by attention.cpp (one translation unit);
+// decode's shared-prefix items reuse pack_block / start_rows / attend_block (decode_shared.h).
 // Two phases per call:
 //   pack:   every block of NB keys of the batch, per KV head, is read once through req_to_token and packed:
 //           Bk = K^T in VNNI pairs [D/2, NB, 2], Bv = V in VNNI pairs [NB/2, D, 2] (pad keys zero). The
