@@ -12,6 +12,9 @@ tokens of a jump-forward) and, under the step's token budget, prefill chunks of 
 rows). So a running request gets a token every step unless memory forces a retraction; a step in which one
 does not is counted in `stall_steps` by reason. `--disable-mixed-steps` restores separated steps (prefill
 first, decode only when nothing is admitted), for comparison.
+
+Just over the 400-line soft cap: planning (decode.py, prefill.py), output (output.py) and the KV bookkeeping
+(cache.py) live apart; what stays is the step and the queues every part of it touches.
 """
 
 from __future__ import annotations
