@@ -9,6 +9,7 @@ Environment variables are read in `runtime/env.py` only.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 
 
@@ -132,14 +133,21 @@ class GrammarConfig:
 class SpeculativeConfig:
     speculative_algorithm: str | None = None
     """Speculative decoding: ngram (prompt lookup: continue the request's last n tokens as they continued
-    earlier in its own prompt or output) or none (default). Proposals are verified in one extend per step
-    (the verify steps run eagerly, not through compiled/CUDA-graph decode); greedy output is unchanged and
-    sampled output keeps the target distribution (rejection sampling). A request opts out with the sampling
+    earlier in its own prompt or output), draft (a smaller model with the same tokenizer,
+    --speculative-draft-model-path, proposes the tokens) or none (default). Proposals are verified in one extend
+    per step (the verify steps run eagerly, not through compiled/CUDA-graph decode); greedy output is unchanged
+    and sampled output keeps the target distribution (rejection sampling; the draft model samples its
+    proposals for sampled requests and the rule uses its distribution). A request opts out with the sampling
     parameter `disable_speculation`. On CPU with int4-kept GGUF weights (--quantization auto) a verify row costs
     about one decode step per token (torch's int4 kernels loop over rows), so it rarely pays there; with dense
     weights (--quantization none) it does (bench/results/speculative.md)."""
+    speculative_draft_model_path: str | None = None
+    """draft: the draft model (GGUF file or Hugging Face directory, same tokenizer and vocabulary as the model;
+    start-up fails otherwise). It runs in the scheduler process with the model's --dtype and --quantization and
+    its own KV pool of as many slots as the model's; the path of the model itself shares its weights."""
     speculative_num_draft_tokens: int = 4
-    """Most tokens proposed per request and step (each verify step yields 1 to this + 1 tokens)."""
+    """Most tokens proposed per request and step (each verify step yields 1 to this + 1 tokens; draft: the
+    draft model runs this many forwards per step)."""
     speculative_ngram_min_match_window_size: int = 1
     """ngram: shortest suffix of the request's tokens that must match earlier to propose a continuation."""
     speculative_ngram_max_match_window_size: int = 4
@@ -279,18 +287,29 @@ def resolve(cfg: Config) -> Config:
     return dataclasses.replace(cfg, model=model, scheduler=sched)
 
 
-SPECULATIVE_ALGORITHMS = ("ngram",)
+SPECULATIVE_ALGORITHMS = ("ngram", "draft")
 
 
 def _check_speculative(cfg: Config) -> None:
-    """Fail loud on speculative settings the runtime cannot honour."""
+    """Fail loud on speculative settings the runtime cannot honour (one line each)."""
     sp = cfg.speculative
-    algo = sp.speculative_algorithm
-    if algo is None or algo.lower() == "none":
+    algo = (sp.speculative_algorithm or "none").lower()
+    draft = sp.speculative_draft_model_path
+    if algo == "none":
+        if draft is not None:
+            raise ValueError("--speculative-draft-model-path needs --speculative-algorithm draft")
         return
-    if algo.lower() not in SPECULATIVE_ALGORITHMS:
-        raise ValueError(f"unknown --speculative-algorithm {algo!r} (one of {', '.join(SPECULATIVE_ALGORITHMS)}; "
-                         "the draft-model mode is not implemented yet)")
+    if algo not in SPECULATIVE_ALGORITHMS:
+        raise ValueError(f"unknown --speculative-algorithm {sp.speculative_algorithm!r} "
+                         f"(one of {', '.join(SPECULATIVE_ALGORITHMS)})")
+    if algo == "draft" and draft is None:
+        raise ValueError("--speculative-algorithm draft needs --speculative-draft-model-path")
+    if algo != "draft" and draft is not None:
+        raise ValueError(f"--speculative-draft-model-path needs --speculative-algorithm draft, not {algo}")
+    if draft is not None and not os.path.exists(draft):
+        raise ValueError(f"--speculative-draft-model-path {draft}: no such file or directory")
+    if draft is not None and cfg.parallel.tp_size > 1:
+        raise ValueError("--speculative-algorithm draft does not run with --tp-size > 1")
     if sp.speculative_num_draft_tokens < 1:
         raise ValueError("--speculative-num-draft-tokens must be at least 1")
     lo, hi = sp.speculative_ngram_min_match_window_size, sp.speculative_ngram_max_match_window_size

@@ -27,7 +27,7 @@ CHOICES = {
     "grammar_backend": ("llguidance", "xgrammar", "outlines", "none"),
     "log_level": ("debug", "info", "warning", "error", "critical"),
     "router_policy": ("cache_aware", "round_robin", "random", "power_of_two"),
-    "speculative_algorithm": ("ngram", "none"),
+    "speculative_algorithm": ("ngram", "draft", "none"),
 }
 TITLES = {"model": "model", "cache": "KV cache", "scheduler": "scheduler", "grammar": "constrained decoding",
           "speculative": "speculative decoding", "server": "HTTP server", "parallel": "data parallel (sglang-router)"}

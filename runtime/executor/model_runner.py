@@ -17,6 +17,7 @@ On CPU: bf16 by default where the CPU has native bf16 (runtime.config.resolve), 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 
@@ -79,7 +80,12 @@ class ModelRunner:
         self.vocab_size = arch.vocab_size
         self.eos_token_ids = read_eos_ids(self.model_path)
         self.context_len = min(mc.context_length or arch.max_position, arch.max_position)
-        num_slots = self._pool_size(cfg)
+        self._init_pool(self._pool_size(cfg), progress)
+
+    def _init_pool(self, num_slots: int, progress: bool) -> None:
+        """The KV pool, its allocator, the request-to-token table, the attention backend over the pool and the
+        decode graphs (which capture all of these)."""
+        cfg, mc, arch = self.cfg, self.cfg.model, self.arch
         self.pool = KVPool(arch.num_layers, num_slots, arch.num_kv_heads, arch.head_dim, self.dtype, self.device)
         self.allocator = SlotAllocator(num_slots, cfg.cache.page_size, strict=cfg.cache.strict_memory_check)
         self.req_to_token = ReqToTokenTable(cfg.scheduler.max_running_requests, self.context_len, self.device)
@@ -90,7 +96,7 @@ class ModelRunner:
                  self.model_path, arch.num_layers, num_slots, mc.attention_backend, mc.dtype)
         self.graph_runner: DecodeGraphRunner | None = None
         if self.tp_size > 1:
-            log.info("tensor parallel rank %d/%d: eager forward (no compiled or captured graphs)", tp_rank,
+            log.info("tensor parallel rank %d/%d: eager forward (no compiled or captured graphs)", self.tp_rank,
                      self.tp_size)
         elif self.device.type == "cpu" and not (mc.disable_compile or load_env().disable_compile):
             max_bs = min(mc.compile_max_bs, cfg.scheduler.max_running_requests)
@@ -107,6 +113,16 @@ class ModelRunner:
             else:
                 log.warning("attention backend %s cannot run under CUDA graphs: decoding eagerly",
                             mc.attention_backend)
+
+    def sibling(self, num_slots: int | None = None) -> ModelRunner:
+        """A runner over the same weights with its own KV pool (`num_slots`, default as many as this one's),
+        allocator, table and decode graphs: the model as its own speculative draft without a second copy of
+        its weights."""
+        if self.tp_size > 1:
+            raise ValueError("a tensor-parallel runner has no sibling (its weights are sharded over ranks)")
+        twin = copy.copy(self)
+        twin._init_pool(num_slots or self.pool.num_slots, progress=False)
+        return twin
 
     def _pool_size(self, cfg: Config) -> int:
         a = self.arch

@@ -8,6 +8,8 @@ With the radix cache disabled `tree` is None: nothing is shared, and a request f
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from radix_cache import RadixCache
@@ -23,6 +25,9 @@ class KVManager:
         self.tree: RadixCache | None = (
             RadixCache(page_size=allocator.page_size, free_slots=allocator.free) if use_tree else None
         )
+        # Called with each request that leaves the pool (`release`): other pools keyed by the request (the
+        # speculative draft model's KV) free theirs.
+        self.on_release: list[Callable[[Req], None]] = []
 
     # ---- sizes ------------------------------------------------------------------------------------------------
     @property
@@ -135,6 +140,8 @@ class KVManager:
     def release(self, req: Req) -> None:
         """Req leaves the pool (finished, aborted or retracted): its computed KV goes into the tree (so a next
         chat turn or its own readmission hits), its lock is dropped and its row freed."""
+        for hook in self.on_release:
+            hook(req)
         if req.row is None:
             return
         slots = self.table.read(req.row, 0, req.cached_len)

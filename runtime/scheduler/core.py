@@ -84,10 +84,12 @@ class Req:
         self.grammar_future: Any = None
         self.grammar_wait_since = 0.0
         self.jump_tokens = 0  # tokens the last jump-forward appended (computed next step as an extend row)
-        # Speculative decoding: this step's proposed tokens (empty outside a verify step), the grammar's
-        # allowed-token bitmask per verify position (int32 [len(draft_ids) + 1, W]; None when unconstrained),
-        # the proposer's cached prompt array, and counters for meta_info.
+        # Speculative decoding: this step's proposed tokens (empty outside a verify step), the distributions
+        # they were drawn from (float32 [len(draft_ids), V]; None: deterministic proposal, one-hot), the
+        # grammar's allowed-token bitmask per verify position (int32 [len(draft_ids) + 1, W]; None when
+        # unconstrained), the n-gram proposer's cached prompt array, and counters for meta_info.
         self.draft_ids: list[int] = []
+        self.draft_q: Any = None
         self.draft_bitmask: Any = None
         self.spec_prompt: Any = None
         self.spec_verify_ct = 0

@@ -54,11 +54,16 @@ def create_scheduler(cfg: Config) -> tuple[Any, ModelInfo]:
 
     runner = create_model_runner(cfg, progress=False)
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.model_path)
+    draft = None
+    if cfg.speculative.speculative_draft_model_path is not None:  # --speculative-algorithm draft
+        from runtime.executor.draft import create_draft_runner
+
+        draft = create_draft_runner(cfg, runner, tok)
     sched = Scheduler(runner, runner.allocator, runner.req_to_token, cfg, runner.eos_token_ids,
                       decode_fn=tok.decode, grammar_backend=_grammar_backend(cfg, tok),
                       # Forced grammar text is plain text: control-token spellings stay characters.
                       encode_fn=lambda text: tok.encode(text, add_special_tokens=False, allow_special=False),
-                      token_bytes_fn=tok.token_bytes)
+                      token_bytes_fn=tok.token_bytes, draft_runner=draft)
     return sched, ModelInfo(runner.context_len, runner.vocab_size, runner.pool.num_slots)
 
 

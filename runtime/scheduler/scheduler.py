@@ -46,10 +46,11 @@ from runtime.sampling.params import SamplingParams
 from runtime.scheduler.cache import KVManager
 from runtime.scheduler.core import Batch, Req, finish_abort
 from runtime.scheduler.decode import DecodePlan, plan_decode, retract_ratio
+from runtime.scheduler.draft import DraftRunner
 from runtime.scheduler.output import ResultProcessor
 from runtime.scheduler.policy import order_waiting
 from runtime.scheduler.prefill import PrefillAdder, PrefillPlan
-from runtime.scheduler.speculative import Speculator, speculation_on
+from runtime.scheduler.speculative import create_speculator, speculation_on
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +90,14 @@ class Scheduler:
         self, runner: Runner, allocator: SlotAllocator, table: ReqToTokenTable, cfg: Config,
         eos_ids: frozenset[int], decode_fn: Callable[[list[int]], str] | None = None, grammar_backend=None,
         encode_fn: Callable[[str], list[int]] | None = None, token_bytes_fn: Callable[[int], bytes] | None = None,
+        draft_runner: DraftRunner | None = None,
     ) -> None:
         self.cfg = cfg = resolve(cfg)
         self.runner = runner
         self.grammar_backend: GrammarBackend | None = grammar_backend
         self.kv = KVManager(allocator, table, use_tree=not cfg.cache.disable_radix_cache)
         jump = None if cfg.grammar.disable_jump_forward else encode_fn  # encode_fn(text) -> ids, no specials
-        self.spec = (Speculator(cfg.speculative, self.kv, frozenset(eos_ids), runner.vocab_size)
+        self.spec = (create_speculator(cfg, self.kv, frozenset(eos_ids), runner.vocab_size, draft_runner)
                      if speculation_on(cfg.speculative) else None)
         env = load_env()
         if env.fault_inject_rid is not None:
@@ -411,18 +413,20 @@ class Scheduler:
                 "spec_accept_rate": st["spec_accepted_tokens"] / drafts if drafts else 0.0}
 
     def check_memory(self, strict: bool = False) -> bool:
-        """Slot accounting: free + evictable + locked + request-owned == total (request-owned is 0 when idle).
-        Logs a warning naming the numbers, or raises RuntimeError when `strict`. Returns whether it held."""
+        """Slot accounting: free + evictable + locked + request-owned == total (request-owned is 0 when idle),
+        and the speculative draft model's own pool (free + held by running requests == total). Logs a warning
+        naming the numbers, or raises RuntimeError when `strict`. Returns whether it held."""
         live = self.running + ([self.chunked] if self.chunked is not None else [])
         owned = sum(r.seq_len - r.tree_len for r in live)
         free, ev, lk, total = self.kv.free_size(), self.kv.evictable_size(), self.kv.locked_size(), self.kv.total
         ok = free + ev + lk + owned == total and (live or lk == 0)
         if self.kv.tree is not None and strict:
             self.kv.tree.check_integrity()
-        if not ok:
-            msg = (f"KV pool leak: free {free} + evictable {ev} + locked {lk} + request-owned {owned} "
-                   f"!= total {total} (running {len(live)})")
+        draft = self.spec.proposer.check(live) if self.spec is not None else None  # the draft model's pool
+        if not ok or draft:
+            msg = draft if ok else (f"KV pool leak: free {free} + evictable {ev} + locked {lk} + request-owned "
+                                    f"{owned} != total {total} (running {len(live)})")
             if strict:
                 raise RuntimeError(msg)
             log.warning(msg)
-        return ok
+        return bool(ok) and draft is None

@@ -1,12 +1,13 @@
 """Speculative decoding in the scheduler: drafts ride on decode rows, one extend verifies them.
 
-Data flow of one step (`--speculative-algorithm ngram`):
-1. `attach` (after decode planning and any retraction): each decode row whose request may speculate gets
-   up to k proposed tokens (runtime/speculative/ngram.py), cut before the first stop id and, for a
-   constrained request, at the first token its grammar rejects. Its row becomes a verify row, an extend
-   row computing [last token, d_1..d_k] over the request's cached KV (extend_len = 1 + k, a logit at every
-   position); the k extra slots come from the allocator (evicting unlocked cache leaves if needed) and are
-   written into the request's table row right after its decode slot. No slot of a draft enters the tree.
+Data flow of one step (`--speculative-algorithm ngram|draft`):
+1. `attach` (after decode planning and any retraction): the decode rows whose requests may speculate go to
+   the proposer in one call (runtime/scheduler/proposer.py: n-gram lookup, or the draft model of
+   runtime/scheduler/draft.py, k forwards batched over them); each proposal is cut before the first stop id
+   and, for a constrained request, at the first token its grammar rejects. Its row becomes a verify row, an
+   extend row computing [last token, d_1..d_k] over the request's cached KV (extend_len = 1 + k, a logit at
+   every position); the k extra slots come from the allocator (evicting unlocked cache leaves if needed) and
+   are written into the request's table row right after its decode slot. No slot of a draft enters the tree.
 2. The model runs the step (mixed with prefill and plain decode rows; a step with a verify row is not an
    all-decode batch, so it runs eagerly, never through compiled/CUDA-graph decode).
 3. `verify` (from the ResultProcessor): the rows' logits are processed exactly as plain sampling would
@@ -15,7 +16,9 @@ Data flow of one step (`--speculative-algorithm ngram`):
    the emitted tokens. They are appended one by one through the processor's normal path (logprobs of the
    target model, grammar advance, finish checks: EOS, stop strings, max_new_tokens), stopping at a finish.
    Then the row keeps the KV of the last token and of the emitted drafts but one (the KV lags the tokens
-   by one, as after any decode) and frees the rest at once (`KVManager.trim`).
+   by one, as after any decode) and frees the rest at once (`KVManager.trim`); the proposer settles (the
+   draft model keeps its K/V of the accepted drafts only). A proposal that is not verified (no slots) is
+   settled at once. A request leaving the pool releases its proposer state too (KVManager.on_release).
 
 Invariant after `verify`: draft_ids == [], extend_len == 0, cached_len == fill_len - 1 (or the request is
 finished), and every slot of the row past cached_len is back in the allocator: a verify step never leaves
@@ -30,14 +33,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from runtime.config import SpeculativeConfig
+from runtime.config import Config, SpeculativeConfig
 from runtime.constrained.grammar import unpack_bitmask
 from runtime.executor.staging import to_device
 from runtime.sampling import SamplingInfo, compute_logprobs, process_logits, target_probs
 from runtime.scheduler.cache import KVManager
 from runtime.scheduler.core import Req, finish_abort
 from runtime.scheduler.decode import DecodePlan
-from runtime.speculative import accept_greedy, accept_sampled, propose_ngram, spec_uniforms
+from runtime.scheduler.draft import DraftProposer, DraftRunner
+from runtime.scheduler.proposer import NgramProposer, Proposal, Proposer
+from runtime.speculative import accept_greedy, accept_sampled, spec_uniforms
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +52,29 @@ def speculation_on(cfg: SpeculativeConfig) -> bool:
     return algo is not None and algo.lower() != "none"
 
 
+def create_speculator(cfg: Config, kv: KVManager, eos_ids: frozenset[int], vocab_size: int,
+                      draft_runner: DraftRunner | None) -> Speculator:
+    """The Speculator with the configured proposer (draft: over `draft_runner`, its own pool and table)."""
+    sp = cfg.speculative
+    if (sp.speculative_algorithm or "").lower() != "draft":
+        return Speculator(sp, kv, eos_ids, vocab_size, NgramProposer(sp))
+    if draft_runner is None:
+        raise ValueError("--speculative-algorithm draft: no draft model runner was given to the scheduler")
+    if draft_runner.vocab_size != vocab_size:
+        raise ValueError(f"the draft model's vocabulary ({draft_runner.vocab_size}) differs from the model's "
+                         f"({vocab_size})")
+    return Speculator(sp, kv, eos_ids, vocab_size, DraftProposer(draft_runner, eos_ids, cfg.model.random_seed))
+
+
 class Speculator:
     """Proposes drafts for decode rows and verifies them after the forward; counts what it did."""
 
-    def __init__(self, cfg: SpeculativeConfig, kv: KVManager, eos_ids: frozenset[int], vocab_size: int) -> None:
+    def __init__(self, cfg: SpeculativeConfig, kv: KVManager, eos_ids: frozenset[int], vocab_size: int,
+                 proposer: Proposer | None = None) -> None:
         self.k = cfg.speculative_num_draft_tokens
-        self.min_n = cfg.speculative_ngram_min_match_window_size
-        self.max_n = cfg.speculative_ngram_max_match_window_size
+        self.proposer: Proposer = proposer if proposer is not None else NgramProposer(cfg)
         self.kv = kv
+        kv.on_release.append(self.proposer.release)
         self.eos_ids = eos_ids
         self.vocab_size = vocab_size
         self.stats = {"spec_verify_ct": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0,
@@ -64,18 +84,25 @@ class Speculator:
     def attach(self, dplan: DecodePlan) -> DecodePlan:
         """Turn the decode rows that get drafts into verify rows; returns the new plan (same requests)."""
         nd = len(dplan.decode)
+        asks = [(req, self._budget(req)) for req in dplan.decode]
+        asks = [(req, k) for req, k in asks if k > 0]
+        proposals = self.proposer.propose([r for r, _ in asks], [k for _, k in asks]) if asks else []
+        got = {id(r): p for (r, _), p in zip(asks, proposals, strict=True)}
         keep: list[tuple[Req, torch.Tensor]] = []
         verify: list[tuple[Req, torch.Tensor]] = []
         for req, slot in zip(dplan.decode, dplan.slots[:nd], strict=True):
-            drafts = self._drafts(req)
+            prop = got.get(id(req))
+            drafts, q = self._cut(req, prop) if prop is not None else ([], None)
             extra = self.kv.alloc(len(drafts)) if drafts else None
             if extra is None:
                 req.draft_bitmask = None
+                if prop is not None:
+                    self.proposer.settle(req)
                 keep.append((req, slot))
                 continue
             # row positions: cached_len = last token (slot), cached_len + i = draft d_i (extra[i - 1])
             self.kv.table.write(req.row, req.cached_len + 1, extra)
-            req.draft_ids = drafts
+            req.draft_ids, req.draft_q = drafts, q
             req.extend_len = 1 + len(drafts)
             verify.append((req, torch.cat([slot, extra])))
         if not verify:
@@ -84,17 +111,17 @@ class Speculator:
         return DecodePlan([r for r, _ in keep], dplan.extend + [r for r, _ in verify], slots,
                           dplan.retracted, dplan.aborted)
 
-    def _drafts(self, req: Req) -> list[int]:
-        p = req.sampling_params
-        k = min(self.k, req.remaining_new_tokens)
-        if p.disable_speculation or k <= 0:
-            return []
+    def _budget(self, req: Req) -> int:
+        """How many tokens `req` may have proposed this step (0: it does not speculate)."""
+        if req.sampling_params.disable_speculation:
+            return 0
         if req.grammar is not None and not hasattr(req.grammar, "rollback"):
-            return []  # a grammar without rollback cannot check proposals
-        if req.spec_prompt is None:
-            req.spec_prompt = np.asarray(req.origin_input_ids, dtype=np.int64)
-        tokens = np.concatenate([req.spec_prompt, np.asarray(req.output_ids, dtype=np.int64)])
-        drafts = propose_ngram(tokens, k, self.min_n, self.max_n)
+            return 0  # a grammar without rollback cannot check proposals
+        return min(self.k, req.remaining_new_tokens)
+
+    def _cut(self, req: Req, prop: Proposal) -> tuple[list[int], torch.Tensor | None]:
+        """The proposal cut before a stop id and at the first token the grammar rejects; q cut alike."""
+        drafts, p = prop.tokens, req.sampling_params
         if not p.ignore_eos:  # a stop id ends the request: never worth proposing past, nor proposing it
             stops = self.eos_ids | set(p.stop_token_ids)
             for i, t in enumerate(drafts):
@@ -103,7 +130,7 @@ class Speculator:
                     break
         if drafts and req.grammar is not None:
             drafts = self._check_grammar(req, drafts)
-        return drafts
+        return drafts, (prop.q[: len(drafts)] if prop.q is not None and drafts else None)
 
     def _check_grammar(self, req: Req, drafts: list[int]) -> list[int]:
         """Cut `drafts` at the first token the grammar rejects; keep the allowed-token bitmask of the state
@@ -150,9 +177,8 @@ class Speculator:
             else:
                 assert probs is not None
                 p = probs[where[f] : where[f] + k + 1]
-                dp = p[torch.arange(k, device=p.device), torch.tensor(drafts, device=p.device)].tolist()
                 us = [spec_uniforms(req.seed, len(req.output_ids) + i) for i in range(k + 1)]
-                toks = accept_sampled(p, drafts, dp, us)
+                toks = accept_sampled(p, drafts, us, req.draft_q)
             self._emit(proc, req, toks, [lp[lp_at[f + i]] if lp is not None and req.return_logprob else None
                                          for i in range(len(toks))], k)
 
@@ -169,8 +195,9 @@ class Speculator:
             log.exception("internal error while processing request %s", req.rid)
             req.finish_reason = finish_abort(f"internal error while processing request: {type(e).__name__}: {e}")
         finally:
-            req.draft_ids, req.draft_bitmask = [], None
+            req.draft_ids, req.draft_bitmask, req.draft_q = [], None, None
             self.kv.trim(req, old_cached + n)
+            self.proposer.settle(req)
         accepted = min(n, len(toks) - 1)
         req.spec_verify_ct += 1
         req.spec_accepted += accepted

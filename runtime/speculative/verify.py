@@ -8,10 +8,12 @@ Greedy (`accept_greedy`): emit the target's argmax of row 0, 1, ... while each e
 first mismatch (or row k) is the last emitted token. The emitted tokens are exactly what plain greedy
 decoding would produce, so greedy output never changes.
 
-Sampling (`accept_sampled`), the standard rule for a deterministic proposal (q = one-hot at the draft):
-accept d_{i+1} with probability p_i(d_{i+1}); on rejection emit a sample of p_i with d_{i+1} removed and
-renormalised (max(p - q, 0) normalised) and stop; when all k are accepted emit a sample of p_k. Each emitted
-token is then distributed exactly as under plain sampling from p (Leviathan et al. 2023, Chen et al. 2023).
+Sampling (`accept_sampled`), the standard rule (Leviathan et al. 2023, Chen et al. 2023): with d_{i+1} drawn
+from the proposal distribution q_i, accept it with probability min(1, p_i(d) / q_i(d)); on rejection emit a
+sample of the residual max(p_i - q_i, 0) renormalised and stop; when all k are accepted emit a sample of p_k.
+Each emitted token is then distributed exactly as under plain sampling from p. A deterministic proposer
+(n-gram) has q = one-hot at the draft: accept with p_i(d), the residual is p_i with d removed. The draft
+model passes its own q (the proposal must really be drawn from it, or the rule is not exact).
 
 Randomness: the uniforms of row i come from (seed, step of row i) only (`spec_uniforms`), so a request's
 draws never depend on its batch neighbours.
@@ -25,6 +27,7 @@ from runtime.sampling import mix_seed
 
 ACCEPT_SALT = 0x5EC0A
 SAMPLE_SALT = 0x5EC0B
+DRAFT_SALT = 0x5EC0C
 
 
 def _unit(x: int) -> float:
@@ -36,6 +39,12 @@ def spec_uniforms(seed: int, step: int) -> tuple[float, float]:
     """(accept uniform, sample uniform) of the verify row that samples output token number `step`."""
     base = mix_seed(seed, step)
     return _unit(mix_seed(base, ACCEPT_SALT)), _unit(mix_seed(base, SAMPLE_SALT))
+
+
+def draft_uniform(seed: int, step: int) -> float:
+    """The uniform with which a draft model samples its proposal for output token number `step` (independent
+    of the verify row's pair)."""
+    return _unit(mix_seed(mix_seed(seed, step), DRAFT_SALT))
 
 
 def accept_greedy(targets: list[int], drafts: list[int]) -> list[int]:
@@ -54,20 +63,26 @@ def inverse_cdf(probs: torch.Tensor, u: float) -> int:
     return int(torch.searchsorted(cdf, target, right=True).clamp_max_(probs.shape[-1] - 1))
 
 
-def accept_sampled(probs: torch.Tensor, drafts: list[int], draft_probs: list[float],
-                   uniforms: list[tuple[float, float]]) -> list[int]:
-    """probs: the target's sampling distributions of rows 0..k [k + 1, V] (normalised or not, after
-    temperature and the top-k/top-p/min-p cuts); draft_probs[i] = normalised p_i(d_{i+1}); uniforms[i]: row
-    i's (accept, sample) pair. Returns the emitted tokens (1..k + 1)."""
+def accept_sampled(probs: torch.Tensor, drafts: list[int], uniforms: list[tuple[float, float]],
+                   q: torch.Tensor | None = None) -> list[int]:
+    """probs: the target's sampling distributions of rows 0..k [k + 1, V], normalised (after temperature and
+    the top-k/top-p/min-p cuts); q: the proposal distributions [k, V] normalised, row i the one d_{i+1} was
+    drawn from (None: one-hot at the drafts); uniforms[i]: row i's (accept, sample) pair. Returns the emitted
+    tokens (1..k + 1)."""
     out: list[int] = []
     for i, d in enumerate(drafts):
         u_accept, u_sample = uniforms[i]
-        if u_accept < draft_probs[i]:
+        p_d = float(probs[i, d])
+        q_d = 1.0 if q is None else float(q[i, d])
+        if u_accept * q_d < p_d:  # probability min(1, p_d / q_d)
             out.append(d)
             continue
-        residual = probs[i].clone()
-        residual[d] = 0.0
-        if float(residual.sum()) <= 0.0:  # p_i(d) == 1 up to rounding: rejection had probability ~0
+        if q is None:
+            residual = probs[i].clone()
+            residual[d] = 0.0
+        else:
+            residual = (probs[i].double() - q[i].to(probs.device).double()).clamp_min_(0.0)
+        if float(residual.sum()) <= 0.0:  # p_i <= q_i everywhere, so p_i == q_i: rejection had probability ~0
             out.append(d)
             continue
         out.append(inverse_cdf(residual, u_sample))

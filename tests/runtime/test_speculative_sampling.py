@@ -81,7 +81,7 @@ def test_speculative_sampling_matches_the_target_distribution(tiny_runner, monke
     p2_star = _probs(runner, [prompt + [t1_star]], [[t1_star]])[0]
     d1 = int(p2_star.argmax())
     d2 = int(_probs(runner, [prompt + [t1_star, d1]], [[t1_star, d1]])[0].argmax())
-    monkeypatch.setattr("runtime.scheduler.speculative.propose_ngram", lambda tokens, k, lo, hi: [d1, d2][:k])
+    monkeypatch.setattr("runtime.scheduler.proposer.propose_ngram", lambda tokens, k, lo, hi: [d1, d2][:k])
 
     cfg = make_config(max_total_tokens=8192, max_running_requests=256, strict_memory_check=True,
                       speculative_algorithm="ngram", speculative_num_draft_tokens=2)
