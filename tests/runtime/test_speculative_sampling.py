@@ -5,6 +5,10 @@ acceptance rule) sample 3 tokens each through the scheduler with speculation on.
 the two most likely continuations after the most likely first token, so drafts are accepted often for some
 draws and rejected for others (both branches of the rule run). The empirical distributions of (t1, t2) and of
 (t2, t3) given the most likely t1 are compared with the exact ones computed from the model's logits.
+
+Draft-model mode: the draft is the target with its weights perturbed; it samples each proposal from its own
+processed distribution q (not one-hot) and the rule uses min(1, p/q) and the residual max(p - q, 0). A mutant
+that proposes the draft's argmax while the rule uses q fails the (t1, t2) test (chi-square 214 vs 78.8).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from runtime.executor.model_runner import create_model_runner
 from runtime.messages import TokenizedGenerateReq
 from runtime.sampling.params import SamplingParams
 from runtime.scheduler import Scheduler
+from runtime.speculative import accept_sampled
 from tests.runtime.test_model import TINY
 
 TEMP, TOP_K, FREQ = 0.8, 40, 0.5
@@ -72,20 +77,18 @@ def _chi_square(counts: dict, expected: dict) -> tuple[float, float]:
     return stat, crit
 
 
-def test_speculative_sampling_matches_the_target_distribution(tiny_runner, monkeypatch):
-    runner = tiny_runner
+def _setup(runner) -> tuple[list[int], int, list[int]]:
+    """The prompt, the most likely first token t1* and the two most likely tokens after it."""
     g = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, TINY["vocab_size"], (12,), generator=g).tolist()
-    p1 = _probs(runner, [prompt], [[]])[0]
-    t1_star = int(p1.argmax())
-    p2_star = _probs(runner, [prompt + [t1_star]], [[t1_star]])[0]
-    d1 = int(p2_star.argmax())
+    t1_star = int(_probs(runner, [prompt], [[]])[0].argmax())
+    d1 = int(_probs(runner, [prompt + [t1_star]], [[t1_star]])[0].argmax())
     d2 = int(_probs(runner, [prompt + [t1_star, d1]], [[t1_star, d1]])[0].argmax())
-    monkeypatch.setattr("runtime.scheduler.proposer.propose_ngram", lambda tokens, k, lo, hi: [d1, d2][:k])
+    return prompt, t1_star, [d1, d2]
 
-    cfg = make_config(max_total_tokens=8192, max_running_requests=256, strict_memory_check=True,
-                      speculative_algorithm="ngram", speculative_num_draft_tokens=2)
-    sched = Scheduler(runner, runner.allocator, runner.req_to_token, cfg, frozenset())
+
+def _draw(sched, prompt: list[int]) -> list[list[int]]:
+    """DRAWS requests of 3 sampled tokens each through `sched`; ends with the strict leak check."""
     sp = SamplingParams(max_new_tokens=3, temperature=TEMP, top_k=TOP_K, frequency_penalty=FREQ, ignore_eos=True)
     draws: dict[str, list[int]] = {}
     for wave in range(0, DRAWS, 250):
@@ -101,7 +104,56 @@ def test_speculative_sampling_matches_the_target_distribution(tiny_runner, monke
     assert 200 < st["spec_accepted_tokens"] < st["spec_draft_tokens"] - 200, st
     seqs = list(draws.values())
     assert len(seqs) == DRAWS and all(len(s) == 3 for s in seqs)
+    return seqs
 
+
+def test_speculative_sampling_matches_the_target_distribution(tiny_runner, monkeypatch):
+    runner = tiny_runner
+    prompt, t1_star, drafts = _setup(runner)
+    monkeypatch.setattr("runtime.scheduler.proposer.propose_ngram", lambda tokens, k, lo, hi: drafts[:k])
+    cfg = make_config(max_total_tokens=8192, max_running_requests=256, strict_memory_check=True,
+                      speculative_algorithm="ngram", speculative_num_draft_tokens=2)
+    sched = Scheduler(runner, runner.allocator, runner.req_to_token, cfg, frozenset())
+    _check(runner, prompt, t1_star, _draw(sched, prompt))
+
+
+def test_draft_model_sampling_matches_the_target_distribution(tiny_runner, tmp_path, monkeypatch):
+    """The draft (the target with its weights perturbed) samples its proposals from its own processed q (not
+    one-hot); the rule min(1, p/q), residual max(p - q, 0) keeps the target distribution."""
+    import transformers as tf
+
+    runner = tiny_runner
+    prompt, t1_star, _ = _setup(runner)
+    torch.manual_seed(5)
+    model = tf.LlamaForCausalLM.from_pretrained(runner.model_path)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * p.std() * torch.randn_like(p))
+    model.save_pretrained(str(tmp_path))
+    draft = create_model_runner(make_config(model_path=str(tmp_path), dtype="float32", max_total_tokens=8192,
+                                            max_running_requests=256, disable_compile=True), progress=False)
+    spread: list[float] = []  # the largest proposal probability of every draft position
+
+    def spy(probs, drafts, uniforms, q=None):
+        assert q is not None and q.shape[0] == len(drafts)
+        spread.extend(q.max(dim=-1).values.tolist())
+        return accept_sampled(probs, drafts, uniforms, q)
+
+    monkeypatch.setattr("runtime.scheduler.speculative.accept_sampled", spy)
+    cfg = make_config(max_total_tokens=8192, max_running_requests=256, strict_memory_check=True,
+                      speculative_algorithm="draft", speculative_num_draft_tokens=2,
+                      speculative_draft_model_path=str(tmp_path))
+    sched = Scheduler(runner, runner.allocator, runner.req_to_token, cfg, frozenset(), draft_runner=draft)
+    seqs = _draw(sched, prompt)
+    assert sum(m < 0.9 for m in spread) > len(spread) // 4  # q is a real distribution, not one-hot
+    assert draft.allocator.available() == draft.allocator.num_slots
+    _check(runner, prompt, t1_star, seqs)
+
+
+def _check(runner, prompt: list[int], t1_star: int, seqs: list[list[int]]) -> None:
+    """Chi-square of (t1, t2) and of (t2, t3) given t1 = t1* against the exact distributions."""
+    p1 = _probs(runner, [prompt], [[]])[0]
+    p2_star = _probs(runner, [prompt + [t1_star]], [[t1_star]])[0]
     # (t1, t2): exact p(t1) p(t2 | t1) over the top-k support of t1
     support1 = p1.nonzero().flatten().tolist()
     p2 = _probs(runner, [prompt + [t] for t in support1], [[t] for t in support1])
