@@ -159,3 +159,69 @@ def test_constrained_and_draft_speculative_outputs_stay_valid(smollm_runner, smo
             obj = json.loads(tok.decode(outs[mode][rid]))
             assert set(obj) == {"name", "age"} and isinstance(obj["age"], int), (mode, rid)
     assert outs["on"]["j0"] == outs["off"]["j0"]  # greedy: the same tokens
+
+
+def _word_tokenizer(path: str, swap: bool = False) -> None:
+    """A WordLevel tokenizer.json of TINY's 300 tokens at `path` (`swap`: tokens 5 and 6 trade ids)."""
+    import tokenizers
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    vocab = {f"w{i}": i for i in range(TINY["vocab_size"])}
+    if swap:
+        vocab["w5"], vocab["w6"] = 6, 5
+    t = tokenizers.Tokenizer(WordLevel(vocab, unk_token="w0"))
+    t.pre_tokenizer = Whitespace()
+    t.save(f"{path}/tokenizer.json")
+
+
+def test_startup_refuses_an_incompatible_draft(tiny, tmp_path):
+    """One clear error each: another tokenizer, no tokenizer, another vocabulary size."""
+    from runtime.config import resolve
+    from runtime.executor.draft import create_draft_runner
+    from runtime.tokenizer.load import load_tokenizer
+
+    target = tiny["target"]
+    _word_tokenizer(path_of(target))
+    tok = load_tokenizer(path_of(target))
+    cases = {"swapped": "its tokenizer differs from the model's (token 5 is b'w6' instead of b'w5')",
+             "none": "cannot load its tokenizer", "wide": "vocabulary of 301 logits instead of the model's 300"}
+    for name, why in cases.items():
+        d = tmp_path / name
+        if name == "wide":
+            import transformers as tf
+
+            tf.LlamaForCausalLM(tf.LlamaConfig(**{**TINY, "vocab_size": 301})).save_pretrained(str(d))
+        else:
+            tiny_llama(str(d), 3)
+        if name != "none":
+            _word_tokenizer(str(d), swap=name == "swapped")
+        cfg = resolve(make_config(model_path=path_of(target), dtype="float32", max_total_tokens=4096,
+                                  disable_compile=True, **{**SPEC, "speculative_draft_model_path": str(d)}))
+        with pytest.raises(ValueError, match="^--speculative-draft-model-path .*" + why.replace("(", r"\(")
+                           .replace(")", r"\)")):
+            create_draft_runner(cfg, target, tok)
+
+
+def test_engine_serves_smollm2_as_its_own_draft(smollm_path):
+    """The launch path: --speculative-algorithm draft with the model's own path (shared weights), greedy
+    tokens and float32 logprobs equal to an opted-out request, the figures in meta_info and server info."""
+    import runtime
+
+    with pytest.raises(ValueError, match="needs --speculative-draft-model-path"):
+        runtime.Engine(speculative_algorithm="draft")
+    eng = runtime.Engine(max_total_tokens=2048, dtype="float32", speculative_draft_model_path=smollm_path, **SPEC)
+    try:
+        text = "List the days of the week: Monday, Tuesday,"
+        params = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+        on = eng.generate(text, params, return_logprob=True)
+        off = eng.generate(text, {**params, "disable_speculation": True}, return_logprob=True)
+        assert on["output_ids"] == off["output_ids"]
+        lp_on = [x[0] for x in on["meta_info"]["output_token_logprobs"]]
+        lp_off = [x[0] for x in off["meta_info"]["output_token_logprobs"]]
+        assert max(abs(a - b) for a, b in zip(lp_on, lp_off, strict=True)) < 1e-3
+        assert on["meta_info"]["spec_verify_ct"] > 0 and on["meta_info"]["spec_accept_length"] > 3.0
+        st = eng.get_server_info()["internal_states"][0]
+        assert st["spec_accept_rate"] > 0.9 and st["kv_free_slots"] + st["kv_evictable_slots"] == 2048
+    finally:
+        eng.shutdown()
