@@ -107,6 +107,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=os.path.join(RESULTS, "peers.json"))
     ap.add_argument("--md", default=os.path.join(RESULTS, "peers.md"))
+    ap.add_argument("--reading", default=os.path.join(RESULTS, "peers-reading.md"),
+                    help="hand-written reading appended to the report ('' for none)")
+    ap.add_argument("--png", default=os.path.join(RESULTS, "peers.png"), help="the concurrency plot")
     args = ap.parse_args()
     with open(args.json) as f:
         doc = json.load(f)
@@ -156,8 +159,8 @@ def main() -> None:
         *roofline_lines(med, roof, dtype),
         "",
     ]
-    notes = os.path.join(RESULTS, "peers-reading.md")  # the hand-written reading of these figures
-    if os.path.exists(notes):
+    notes = args.reading  # the hand-written reading of these figures
+    if notes and os.path.exists(notes):
         with open(notes) as f:
             lines += ["", f.read()]
     os.makedirs(os.path.dirname(args.md), exist_ok=True)
@@ -168,7 +171,7 @@ def main() -> None:
     py = os.path.join(ROOT, "bench", ".peers", "venv-hf", "bin", "python")
     if os.path.exists(py):
         subprocess.run(
-            [py, os.path.join(HERE, "plot.py"), json.dumps(sweep), os.path.join(RESULTS, "peers.png")],
+            [py, os.path.join(HERE, "plot.py"), json.dumps(sweep), args.png],
             check=False,
         )
 
