@@ -115,7 +115,7 @@ def test_json_schema_outputs_all_validate(client):
 def test_json_object_outputs_are_objects(client):
     def run(i):
         return client.chat.completions.create(
-            model=client.model_name, max_tokens=32, temperature=0.7, seed=100 + i,
+            model=client.model_name, max_tokens=128, temperature=0.7, seed=100 + i,  # room to close
             messages=[{"role": "system", "content": "Reply in JSON."},
                       {"role": "user", "content": f"Describe item {i} briefly."}],
             response_format={"type": "json_object"}, stop=None)
