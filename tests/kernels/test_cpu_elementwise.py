@@ -70,28 +70,10 @@ def test_rows_do_not_depend_on_the_batch():
 def test_smollm2_eager_forward_native_ops_match_reference_ops(smollm_runner):
     """The float32 SmolLM2 runner's eager forward uses the native ops; swapping in kernels.ref's gives the same
     logits within float32 rounding and the same argmax."""
-    from runtime.executor.forward_batch import ForwardBatch
     from runtime.models.llama import REF_ELEMENTWISE
+    from tests.kernels.row_ops import logits_with_row_ops
 
-    r = smollm_runner
-    assert r.model.ew.rmsnorm is ops.rmsnorm and r.model.ew.fused_rope
-    ids = [[1, 504, 3458, 314, 260, 1345, 28], [1, 2022, 4462]]
-    slots = r.allocator.alloc(10)
-    rows = [r.req_to_token.alloc_row() for _ in ids]
-    try:
-        r.req_to_token.write(rows[0], 0, slots[:7])
-        r.req_to_token.write(rows[1], 0, slots[7:])
-        fb = ForwardBatch.build(ids, [0, 0], slots, rows)
-        got = r.forward(fb).clone()
-        m, eager = r.model, r.model.ew
-        m.ew = REF_ELEMENTWISE
-        try:
-            want = r.forward(fb)
-        finally:
-            m.ew = eager
-        torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-4)
-        assert torch.equal(got.argmax(-1), want.argmax(-1))
-    finally:
-        for row in rows:
-            r.req_to_token.free_row(row)
-        r.allocator.free(slots)
+    assert smollm_runner.model.ew.rmsnorm is ops.rmsnorm and smollm_runner.model.ew.fused_rope
+    got, want = logits_with_row_ops(smollm_runner, REF_ELEMENTWISE)
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-4)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))

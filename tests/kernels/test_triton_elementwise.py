@@ -77,28 +77,10 @@ def test_rope_llama3_scaled_table(device: str) -> None:
 def test_model_forward_with_triton_norm_and_rope_matches_ref(smollm_runner) -> None:
     """What the CUDA model runs (runtime.models.llama.elementwise_kernels): SmolLM2's forward with the Triton
     RMSNorm and rope (interpreted here) gives the reference forward's logits and argmax."""
-    from runtime.executor.forward_batch import ForwardBatch
     from runtime.models.llama import Elementwise, elementwise_kernels
+    from tests.kernels.row_ops import logits_with_row_ops
 
     assert elementwise_kernels("cpu", torch.float64) == (ref.rmsnorm, ref.apply_rope, ref.silu_mul)
-    r = smollm_runner
-    ids = [[1, 504, 3458, 314, 260], [1, 2022, 4462]]
-    slots = r.allocator.alloc(8)
-    rows = [r.req_to_token.alloc_row() for _ in ids]
-    try:
-        r.req_to_token.write(rows[0], 0, slots[:5])
-        r.req_to_token.write(rows[1], 0, slots[5:])
-        fb = ForwardBatch.build(ids, [0, 0], slots, rows)
-        want = r.forward(fb).clone()
-        m, eager = r.model, r.model.ew
-        m.ew = Elementwise(rmsnorm, apply_rope, ref.silu_mul)
-        try:
-            got = r.forward(fb)
-        finally:
-            m.ew = eager
-        torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
-        assert torch.equal(got.argmax(-1), want.argmax(-1))
-    finally:
-        r.allocator.free(slots)
-        for row in rows:
-            r.req_to_token.free_row(row)
+    want, got = logits_with_row_ops(smollm_runner, Elementwise(rmsnorm, apply_rope, ref.silu_mul))
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
