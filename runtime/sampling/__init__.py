@@ -6,6 +6,7 @@ from runtime.sampling.info import SamplingInfo, mix_seed
 from runtime.sampling.sampler import (
     SampleOutput,
     compute_logprobs,
+    greedy_ids,
     process_logits,
     sample,
     sample_processed,
@@ -17,6 +18,7 @@ __all__ = [
     "SampleOutput",
     "SamplingInfo",
     "compute_logprobs",
+    "greedy_ids",
     "mix_seed",
     "process_logits",
     "sample",

@@ -26,6 +26,13 @@ class SampleOutput(NamedTuple):
     # (pre-temperature); None unless asked for (`need_logprobs`): a [B, V] log_softmax per step is not free.
 
 
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dim ([..., V] -> [...] int64), the first index among ties as torch.argmax gives.
+    `max(dim).indices` because on the CPU it is the vectorized reduction: 0.44 vs 1.11 ms at [32, 49152]
+    float32 on 2 threads (argmax's pair reduction is not), and it runs once per decode step."""
+    return logits.max(dim=-1).indices
+
+
 def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
     """log_softmax over the vocabulary in float32 ([..., V] -> [..., V]); used for prompt logprobs."""
     return torch.log_softmax(logits.float(), dim=-1)
@@ -204,7 +211,7 @@ def target_probs(processed: torch.Tensor, info: SamplingInfo, rows: list[int]) -
 
 def sample_processed(processed: torch.Tensor, info: SamplingInfo, need_logprobs: bool = False) -> SampleOutput:
     """Sample from already processed logits [B, V] (the output of `process_logits`)."""
-    next_ids = torch.argmax(processed, dim=-1)
+    next_ids = greedy_ids(processed)
     if not info.is_all_greedy:
         rows = [b for b, g in enumerate(info.greedy_rows) if not g]
         idx = to_device(rows, torch.int64, processed.device)

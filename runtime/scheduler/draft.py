@@ -32,7 +32,7 @@ import torch
 from runtime.constrained.grammar import unpack_bitmask
 from runtime.executor.forward_batch import ForwardBatch
 from runtime.executor.memory import ReqToTokenTable, SlotAllocator
-from runtime.sampling import SamplingInfo, process_logits, target_probs
+from runtime.sampling import SamplingInfo, greedy_ids, process_logits, target_probs
 from runtime.scheduler.core import Req
 from runtime.scheduler.proposer import NO_PROPOSAL, Proposal
 from runtime.speculative import draft_uniform, inverse_cdf
@@ -192,7 +192,7 @@ class DraftProposer:
         lg = self._logits.float()
         processed = process_logits(lg, info, self._allowed(act, lg))
         alive = torch.isfinite(processed.amax(dim=-1)).tolist()
-        argmax = processed.argmax(dim=-1).tolist()
+        argmax = greedy_ids(processed).tolist()
         sampled = [b for b, g in enumerate(info.greedy_rows) if not g and alive[b]]
         probs = target_probs(processed, info, sampled) if sampled else None
         where = {b: n for n, b in enumerate(sampled)}

@@ -36,7 +36,7 @@ import torch
 from runtime.config import Config, SpeculativeConfig
 from runtime.constrained.grammar import unpack_bitmask
 from runtime.executor.staging import to_device
-from runtime.sampling import SamplingInfo, compute_logprobs, process_logits, target_probs
+from runtime.sampling import SamplingInfo, compute_logprobs, greedy_ids, process_logits, target_probs
 from runtime.scheduler.cache import KVManager
 from runtime.scheduler.core import Req, finish_abort
 from runtime.scheduler.decode import DecodePlan
@@ -163,7 +163,7 @@ class Speculator:
         lg = logits[to_device(flat, torch.int64, logits.device)]
         info = self._info(reqs, ks, proc.default_seed, lg.device)
         processed = process_logits(lg, info, self._allowed(reqs, ks, lg))
-        argmax = processed.argmax(dim=-1).tolist()
+        argmax = greedy_ids(processed).tolist()
         sampled = [i for i, g in enumerate(info.greedy_rows) if not g]
         probs = target_probs(processed, info, sampled) if sampled else None
         where = {row: j for j, row in enumerate(sampled)}  # flat row -> row of `probs`
