@@ -115,7 +115,9 @@ class ReqToTokenTable:
     def __init__(self, max_running: int, max_context: int, device: str | torch.device = "cpu") -> None:
         self.table = torch.zeros((max_running, max_context), dtype=torch.int32, device=device)
         self.host = self.table if self.table.device.type == "cpu" else torch.zeros_like(self.table, device="cpu")
-        self._pending: list[tuple[int, int, int]] = []  # (row, start, n) written to host, not yet to table
+        # written to host, not yet to table: (row, start, n) ranges and (rows [N], cols [N]) int64 scatters
+        self._pending: list[tuple[int, int, int]] = []
+        self._pending_cells: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.max_context = max_context
         self._free_rows = list(range(max_running - 1, -1, -1))
         self.size = max_running
@@ -135,15 +137,26 @@ class ReqToTokenTable:
         if self.host is not self.table and n:
             self._pending.append((row, start, n))
 
+    def write_cells(self, rows: list[int], cols: list[int], slots: torch.Tensor) -> None:
+        """table[rows[i], cols[i]] = slots[i] for every i, one scatter (a decode step's new token per request)."""
+        r = torch.tensor(rows, dtype=torch.int64)
+        c = torch.tensor(cols, dtype=torch.int64)
+        self.host[r, c] = slots.to(torch.int32)
+        if self.host is not self.table and rows:
+            self._pending_cells.append((r, c))
+
     def read(self, row: int, start: int, end: int) -> torch.Tensor:
         return self.host[row, start:end].to(torch.int64)
 
     def flush(self) -> None:
         """Send the queued writes to the device table (a no-op on CPU)."""
-        if not self._pending:
+        if not self._pending and not self._pending_cells:
             return
-        rows = torch.cat([torch.full((n,), r, dtype=torch.int64) for r, _, n in self._pending])
-        cols = torch.cat([torch.arange(a, a + n, dtype=torch.int64) for _, a, n in self._pending])
+        rows = torch.cat([torch.full((n,), r, dtype=torch.int64) for r, _, n in self._pending]
+                         + [r for r, _ in self._pending_cells])
+        cols = torch.cat([torch.arange(a, a + n, dtype=torch.int64) for _, a, n in self._pending]
+                         + [c for _, c in self._pending_cells])
+        self._pending_cells = []
         vals = self.host[rows, cols].to(torch.int64)
         self._pending = []
         r, c, v = upload([rows, cols, vals], self.table.device)

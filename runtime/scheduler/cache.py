@@ -90,6 +90,17 @@ class KVManager:
             req.extend_len = n
         return slots
 
+    def extend_one_each(self, reqs: list[Req]) -> torch.Tensor | None:
+        """One slot for the next token of every request in `reqs` (decode rows): one allocation and one table
+        scatter for the whole batch. Returns the slots [len(reqs)] int64 in `reqs` order, or None (nothing
+        changed) when even eviction cannot free enough."""
+        slots = self.alloc(len(reqs))
+        if slots is not None and reqs:
+            self.table.write_cells([r.row for r in reqs], [r.cached_len for r in reqs], slots)
+            for r in reqs:
+                r.extend_len = 1
+        return slots
+
     def trim(self, req: Req, keep: int) -> None:
         """A speculative verify row is done: positions [keep, seq_len) of req's row (rejected drafts, and the
         accepted tail whose KV the next step recomputes) go back to the allocator at once; they were never

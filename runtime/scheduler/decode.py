@@ -69,17 +69,14 @@ def plan_decode(kv: KVManager, running: list[Req], others_hold_slots: bool = Fal
                 aborted.append((req, f"KV cache pool ({kv.total} slots) is too small for this request"))
         keep = {id(r) for r in victims}
         running[:] = [r for r in running if id(r) in keep]
-    decode: list[Req] = []
-    extend: list[Req] = []
-    dslots: list[torch.Tensor] = []
-    eslots: list[torch.Tensor] = []
-    for req in running:
-        n = _need(req)
-        s = kv.extend(req, n)
-        assert s is not None, "decode slots were checked above"
-        (decode if n == 1 else extend).append(req)
-        (dslots if n == 1 else eslots).append(s)
-    return DecodePlan(decode, extend, dslots + eslots, retracted, aborted)
+    decode = [r for r in running if _need(r) == 1]
+    extend = [r for r in running if _need(r) != 1]
+    # one allocation and one table scatter for all decode rows; `slots` stays one [1] view per row
+    both = kv.extend_one_each(decode) if decode else None
+    slots = [*both.split(1)] if both is not None else []
+    slots += [kv.extend(r, _need(r)) for r in extend]
+    assert len(slots) == len(decode) + len(extend) and all(s is not None for s in slots), "checked above"
+    return DecodePlan(decode, extend, slots, retracted, aborted)
 
 
 def retract_ratio(running: list[Req]) -> float:

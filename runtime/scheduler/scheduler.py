@@ -230,7 +230,8 @@ class Scheduler:
         if self.mixed:
             dplan = self._plan_decode()
             # After a retraction admit nothing this step: the freed room is for the survivors.
-            pplan = NO_PREFILL if dplan.retracted else self._plan_prefill(ordered, dplan.num_tokens)
+            nothing_waits = not ordered and self.chunked is None  # the common decode step: no adder to build
+            pplan = NO_PREFILL if dplan.retracted or nothing_waits else self._plan_prefill(ordered, dplan.num_tokens)
         else:
             pplan = self._plan_prefill(ordered, 0)
             dplan = NO_DECODE if pplan.reqs else self._plan_decode()

@@ -83,9 +83,11 @@ def test_req_to_token_mirror_flushes_queued_writes_at_once() -> None:
     t.write(1, 0, torch.tensor([5, 6, 7]))
     t.write(2, 3, torch.tensor([9]))
     t.write(1, 3, torch.tensor([8]))
-    assert t.read(1, 0, 4).tolist() == [5, 6, 7, 8] and int(t.table.sum()) == 0  # nothing sent yet
+    t.write_cells([0, 2, 1], [2, 4, 4], torch.tensor([11, 12, 13]))  # a decode step: one cell per row
+    assert t.read(1, 0, 5).tolist() == [5, 6, 7, 8, 13] and int(t.table.sum()) == 0  # nothing sent yet
+    assert t.read(0, 2, 3).tolist() == [11] and t.read(2, 3, 5).tolist() == [9, 12]
     t.flush()
-    assert torch.equal(t.table, t.host) and t.table[2, 3] == 9 and not t._pending
+    assert torch.equal(t.table, t.host) and t.table[2, 3] == 9 and not t._pending and not t._pending_cells
     t.flush()  # nothing queued: no-op
     assert torch.equal(t.table, t.host)
 
