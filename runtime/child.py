@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -66,5 +67,10 @@ def start_child(spec: dict, name: str, build: Callable[[Config, zmq.Context], An
         sys.exit(1)
     ready.send(ReadyMsg(name=name, ok=True, model=loop.model))
     ready.close(linger_ms=-1)  # deliver it whenever the parent listens (the parent watch ends us if it is gone)
+    # Everything built so far lives as long as the process. A loaded and compiled model leaves ~750k objects
+    # the cyclic GC tracks, and one full collection over them stalls the loop ~400 ms (2 cores); frozen, they
+    # are never scanned again, so requests' garbage is collected at its own small cost.
+    gc.collect()
+    gc.freeze()
     loop.run()
     os._exit(0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -141,6 +142,8 @@ async def _serve(launch: Launch) -> int:
     tokenizer, model = ready
     state.tm = launch.tokenizer_manager(tokenizer, model, state.metrics)
     state.ready = True
+    gc.collect()
+    gc.freeze()  # start-up objects (app, tokenizer) are never scanned again: see runtime/child.py
     launch.watch(lambda reason: loop.call_soon_threadsafe(fail, reason))
     print(f"radixgen ready on http://{srv.host}:{srv.port}", flush=True)
     code = await serving

@@ -120,7 +120,8 @@ def run_workload(s: System, name: str, seed: int, rag_questions: int, hf_rag_que
 
 SCHED_COUNTERS = ("forward_steps", "mixed_steps", "stall_steps", "stall_steps_prefill_only",
                   "stall_steps_retraction", "stall_steps_grammar_wait", "num_retracted_reqs",
-                  "decode_steps_timed", "decode_step_s_total", "decode_forward_s_total")
+                  "decode_steps_timed", "decode_step_s_total", "decode_forward_s_total", "gc_collections",
+                  "gc_pause_s_total")
 
 
 def sched_counters(s: System) -> dict | None:

@@ -13,6 +13,7 @@ messages and aborts wait until the step ends), so arrivals are ready for the nex
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import time
@@ -99,6 +100,7 @@ class SchedulerLoop:
     def run(self) -> None:
         s = self.scheduler
         idle_wait = True
+        self.timer.watch_gc()
         while True:
             t0 = time.perf_counter()
             if s.has_work() and not idle_wait:
@@ -169,10 +171,24 @@ class StepTimer:
     """Wall time of the loop's decode-only iterations (receive + handle + plan + forward + sample + send), and
     the part of it inside runner.forward: what is left is the host time per decode step (the lean-step target,
     issue 17). Cumulative, so a benchmark diffs two reads of /get_server_info. With the overlap schedule the
-    forward runs on a worker thread and its span is still subtracted."""
+    forward runs on a worker thread and its span is still subtracted. Also the process's cyclic-GC pauses
+    (count and seconds), which stall every step they fall in."""
 
     def __init__(self) -> None:
         self.steps, self.step_s, self.forward_s = 0, 0.0, 0.0
+        # cyclic-GC pauses of this process (every generation): a full collection stalls the whole loop
+        self.gc_count, self.gc_s, self._gc_t0 = 0, 0.0, 0.0
+
+    def watch_gc(self) -> None:
+        """Count this process's GC pauses from now on (the loop calls it once, when it starts)."""
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        else:
+            self.gc_count += 1
+            self.gc_s += time.perf_counter() - self._gc_t0
 
     def add(self, step_s: float, forward_s: float) -> None:
         self.steps += 1
@@ -183,7 +199,9 @@ class StepTimer:
         n = max(self.steps, 1)
         return {"decode_steps_timed": self.steps, "decode_step_s_total": self.step_s,
                 "decode_forward_s_total": self.forward_s,
-                "decode_host_ms_mean": 1e3 * (self.step_s - self.forward_s) / n}
+                "decode_host_ms_mean": 1e3 * (self.step_s - self.forward_s) / n,
+                "gc_collections": self.gc_count, "gc_pause_s_total": self.gc_s,
+                "gc_frozen_objects": gc.get_freeze_count()}
 
 
 def _build_scheduler_loop(cfg: Config, ctx: zmq.Context, spec: dict) -> SchedulerLoop:
