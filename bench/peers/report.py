@@ -109,7 +109,7 @@ def main() -> None:
     ap.add_argument("--md", default=os.path.join(RESULTS, "peers.md"))
     ap.add_argument("--reading", default=os.path.join(RESULTS, "peers-reading.md"),
                     help="hand-written reading appended to the report ('' for none)")
-    ap.add_argument("--png", default=os.path.join(RESULTS, "peers.png"), help="the concurrency plot")
+    ap.add_argument("--png", default=os.path.join(RESULTS, "peers.png"), help="the concurrency plot ('' for none)")
     args = ap.parse_args()
     with open(args.json) as f:
         doc = json.load(f)
@@ -170,7 +170,7 @@ def main() -> None:
     print("\n".join(lines))
     sweep = {s: [(int(w[1:]), med[(w, s)]["out_tok_s"]) for w in SWEEP if (w, s) in med] for s in systems}
     py = os.path.join(ROOT, "bench", ".peers", "venv-hf", "bin", "python")
-    if os.path.exists(py):
+    if args.png and os.path.exists(py):  # --png '' : no plot
         subprocess.run(
             [py, os.path.join(HERE, "plot.py"), json.dumps(sweep), args.png],
             check=False,

@@ -181,6 +181,62 @@ inline void scores16(const float* q32, const float*, const float* const* krow, i
   const __m512 r = _mm512_mul_ps(reduce16(acc), _mm512_set1_ps(scale));
   _mm512_mask_storeu_ps(out, n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1), r);
 }
+#if defined(__AVX512BF16__)
+// Fixed head size DD (a multiple of 32), bf16 pool: scores16 with q held in registers and the 16 keys unrolled,
+// so the 16 accumulators stay in registers (the runtime-d loop above spills them). Keys past n repeat key
+// n - 1; their lanes are not stored.
+template <int DD>
+inline void scores16_bf16(const uint16_t* qb, const uint16_t* const* krow, int n, float scale, float* out) {
+  constexpr int NX = DD / 32;
+  __m512bh qv[NX];
+  for (int x = 0; x < NX; ++x) qv[x] = (__m512bh)_mm512_loadu_si512(qb + 32 * x);
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) {
+    const uint16_t* kr = krow[j < n ? j : n - 1];
+    __m512 a = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int x = 0; x < NX; ++x) a = _mm512_dpbf16_ps(a, qv[x], (__m512bh)_mm512_loadu_si512(kr + 32 * x));
+    acc[j] = a;
+  }
+  const __m512 r = _mm512_mul_ps(reduce16(acc), _mm512_set1_ps(scale));
+  _mm512_mask_storeu_ps(out, n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1), r);
+}
+
+// o[r] = o[r] * alpha[r] + sum_j p[r][j] * V[j] for `rows` <= RP query rows of one KV head: each bf16 value row
+// (DD elements at vrow[j]) is widened once for all rows, and the RP x DD/16 accumulators stay in registers.
+template <int DD, int RP>
+inline void pv_rows(float* const* o, const float* alpha, const float* const* p, int rows, const uint16_t* const* vrow,
+                    int nb) {
+  constexpr int NV = DD / 16;
+  __m512 acc[RP][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < RP; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v)
+      acc[r][v] = r < rows ? _mm512_mul_ps(_mm512_loadu_ps(o[r] + 16 * v), _mm512_set1_ps(alpha[r]))
+                           : _mm512_setzero_ps();
+  for (int j = 0; j < nb; ++j) {
+    __m512 vv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v)
+      vv[v] = _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(vrow[j] + 16 * v))), 16));
+#pragma GCC unroll 8
+    for (int r = 0; r < RP; ++r) {
+      if (r >= rows) break;
+      const __m512 pr = _mm512_set1_ps(p[r][j]);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(pr, vv[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < RP; ++r)
+    if (r < rows)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) _mm512_storeu_ps(o[r] + 16 * v, acc[r][v]);
+}
+#endif
 #endif
 
 // Softmax step of one row over its n visible scores s[0, n): returns the new max, turns s into
@@ -306,7 +362,54 @@ struct Rows {
     }
   }
 
+#if defined(__AVX512BF16__)
+  // block() for a bf16 pool, head size DT in {32, 64, 128} and no causal limit (decode rows, shared-prefix
+  // rows): scores per row with q in registers, then per KV head the P.V of up to RP rows at once with their
+  // accumulators in registers, each value row widened once for all of them. Same math as block().
+  void block_fast(const int32_t* slot, int nb, const R* kbase, const R* vbase, int64_t rs) {
+    constexpr int RP = 256 / DT;  // RP rows x DT / 16 accumulators = 16 registers
+    const auto* kb = reinterpret_cast<const uint16_t*>(kbase);
+    const auto* vb = reinterpret_cast<const uint16_t*>(vbase);
+    float* s = sc.s.data();
+    const uint16_t* krow[BLK];
+    const uint16_t* vrow[BLK];
+    for (int h = 0; h < H; ++h) {
+      for (int j = 0; j < nb; ++j) krow[j] = kb + int64_t(slot[j]) * rs + h * DT;
+      for (int mm = 0; mm < Mh; ++mm) {
+        const int m = h * Mh + mm;
+        const uint16_t* qb = sc.qb.data() + size_t(m) * DT;
+        for (int j = 0; j < nb; j += 16)
+          scores16_bf16<DT>(qb, krow + j, std::min(16, nb - j), raw_q_scale(), s + m * BLK + j);
+      }
+      for (int j = 0; j < nb; ++j) vrow[j] = vb + int64_t(slot[j]) * rs + h * DT;
+      for (int r0 = 0; r0 < Mh; r0 += RP) {
+        const int rows = std::min(RP, Mh - r0);
+        float alpha[RP];
+        float* o[RP];
+        const float* p[RP];
+        for (int r = 0; r < rows; ++r) {
+          const int m = h * Mh + r0 + r;
+          float* sm = s + m * BLK;
+          float sum = 0.0f;
+          const float mx = softmax_block(sm, nb, sc.m[m], &sum);
+          alpha[r] = exp_neg(sc.m[m] - mx);  // 0 when the row had no keys yet (m = -inf)
+          sc.m[m] = mx;
+          sc.l[m] = sc.l[m] * alpha[r] + sum;
+          o[r] = sc.o.data() + size_t(m) * DT;
+          p[r] = sm;
+        }
+        pv_rows<DT, RP>(o, alpha, p, rows, vrow, nb);
+      }
+    }
+  }
+#endif
+
   void block(const int32_t* slot, int nb, int j0, const R* kbase, const R* vbase, int64_t rs, const int* lim) {
+#if defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<R, uint16_t> && (DT == 32 || DT == 64 || DT == 128)) {
+      if (lim == nullptr) return block_fast(slot, nb, kbase, vbase, rs);
+    }
+#endif
     const int d = D, hd = HD;
     float* kb = sc.kbuf.data();
     float* s = sc.s.data();

@@ -30,6 +30,8 @@ DECODE_GRID = [
     (33, (70, 140), 3, 1, 64, 64),
     (17, (1, 600), 1, 16, 0, 32),
     (3, (2000, 4100), 8, 1, 1999, 64),
+    (4, (100, 300), 3, 1, 80, 64),  # shared prefix on the row kernel (B*G < 16): 12 rows per KV head
+    (2, (100, 300), 4, 16, 70, 128),  # the same with head_dim 128 (P.V two rows at a time)
 ]
 EXTEND_GRID = [  # (prefix lens, extend lens, group, page, shared prefix, head_dim)
     ([0], [1], 1, 1, 0, 64),
