@@ -150,10 +150,14 @@ def test_get_loads_and_engine_metrics_answer_with_real_values(cluster):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             direct = {w.url: httpx.get(w.url + "/get_load").json()[0] for w in (w0, w1)}
-            if sum(d["num_reqs"] for d in direct.values()) == 3:
+            # all three admitted: a request still waiting counts its 4 prompt tokens, then 1504 once running,
+            # and the router's read below must see the same loads
+            held = sum(d["num_reqs"] for d in direct.values()) == 3
+            if held and not any(d["num_waiting_reqs"] for d in direct.values()):
                 break
             time.sleep(0.05)
-        assert sum(d["num_reqs"] for d in direct.values()) == 3
+        assert sum(d["num_reqs"] for d in direct.values()) == 3 and not any(
+            d["num_waiting_reqs"] for d in direct.values()), direct
         loads = c.get("/get_loads")
         assert loads.status_code == 200
         assert {x["worker"]: x["load"] for x in loads.json()["workers"]} == {
