@@ -338,6 +338,18 @@ struct Rows {
     std::fill_n(sc.o.data(), size_t(M) * D, 0.0f);
   }
 
+  // Online-softmax step of row m over its n new scores sm[0, n) (turned into exp(s - new max)): updates the
+  // row's running max and sum, returns the factor its running output must be scaled by (0 when the row had no
+  // keys yet: m = -inf).
+  float softmax_row(int m, float* sm, int n) {
+    float sum = 0.0f;
+    const float mx = softmax_block(sm, n, sc.m[m], &sum);
+    const float alpha = exp_neg(sc.m[m] - mx);
+    sc.m[m] = mx;
+    sc.l[m] = sc.l[m] * alpha + sum;
+    return alpha;
+  }
+
   // kbase/vbase point at slot 0 of the layer; row_stride = elements between slots (Hkv * D).
   void attend(const int32_t* slot, int n, const R* kbase, const R* vbase, int64_t row_stride, const int* lim) {
     prefetch(slot, std::min(BLK, n), kbase, vbase, row_stride);
@@ -390,11 +402,7 @@ struct Rows {
         for (int r = 0; r < rows; ++r) {
           const int m = h * Mh + r0 + r;
           float* sm = s + m * BLK;
-          float sum = 0.0f;
-          const float mx = softmax_block(sm, nb, sc.m[m], &sum);
-          alpha[r] = exp_neg(sc.m[m] - mx);  // 0 when the row had no keys yet (m = -inf)
-          sc.m[m] = mx;
-          sc.l[m] = sc.l[m] * alpha[r] + sum;
+          alpha[r] = softmax_row(m, sm, nb);
           o[r] = sc.o.data() + size_t(m) * DT;
           p[r] = sm;
         }
@@ -467,11 +475,7 @@ struct Rows {
       const int vis = lim ? std::min(nb, lim[m] - j0) : nb;  // keys of this block row m may see
       if (vis <= 0) continue;
       float* sm = s + m * BLK;
-      float sum = 0.0f;
-      const float mx = softmax_block(sm, vis, sc.m[m], &sum);
-      const float alpha = exp_neg(sc.m[m] - mx);  // 0 when the row had no keys yet (m = -inf)
-      sc.m[m] = mx;
-      sc.l[m] = sc.l[m] * alpha + sum;
+      const float alpha = softmax_row(m, sm, vis);
       if (!v_loaded) {
         for (int j = 0; j < nb; ++j) to_f32(vbase + int64_t(slot[j]) * rs, vb + j * hd, hd);
         v_loaded = true;

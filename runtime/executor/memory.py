@@ -156,8 +156,7 @@ class ReqToTokenTable:
                          + [r for r, _ in self._pending_cells])
         cols = torch.cat([torch.arange(a, a + n, dtype=torch.int64) for _, a, n in self._pending]
                          + [c for _, c in self._pending_cells])
-        self._pending_cells = []
         vals = self.host[rows, cols].to(torch.int64)
-        self._pending = []
+        self._pending, self._pending_cells = [], []
         r, c, v = upload([rows, cols, vals], self.table.device)
         self.table[r, c] = v.to(torch.int32)
