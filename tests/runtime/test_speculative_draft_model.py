@@ -9,16 +9,15 @@ constrained requests stay valid. Every run ends with the strict check of both KV
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import torch
 
 from runtime.config import make_config
 from runtime.executor.model_runner import create_model_runner
-from runtime.sampling.params import SamplingParams
 from tests.runtime.test_model import TINY
 from tests.runtime.test_scheduler_model import Driver, chat
+from tests.runtime.test_speculative_model import person_schema_backend
 
 SPEC = {"speculative_algorithm": "draft", "speculative_num_draft_tokens": 4}
 
@@ -126,19 +125,8 @@ def test_smollm2_as_its_own_draft_accepts_nearly_everything(smollm_runner, smol_
 
 
 def test_constrained_and_draft_speculative_outputs_stay_valid(smollm_runner, smol_draft, tok):
-    from runtime.config import GrammarConfig
-    from runtime.constrained import GrammarBackend
-
-    be = GrammarBackend.from_tokenizer(tok, GrammarConfig(grammar_compile_timeout=60.0), num_workers=1)
-    schema = json.dumps({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-                         "required": ["name", "age"]})
+    be, schema = person_schema_backend(tok)
     ask = chat(tok, 'Give me a JSON object for Ada Lovelace with her name and age.')
-    fut = be.get_future(SamplingParams(json_schema=schema))  # compiled (and cached) before the runs
-    for _ in range(600):
-        if fut.done():
-            break
-        time.sleep(0.1)
-    fut.result()
     outs = {}
     try:
         for mode, cfg in (("off", {}), ("on", spec_cfg(smol_draft))):

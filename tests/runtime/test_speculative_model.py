@@ -65,21 +65,28 @@ def test_greedy_equal_with_and_without_speculation(smollm_runner, tok, prompts):
         d.close()
 
 
-def test_constrained_and_speculative_outputs_stay_valid(smollm_runner, tok):
+def person_schema_backend(tok):
+    """A one-worker grammar backend with the {name, age} object schema already compiled (and cached), so the
+    runs that follow never wait on it; returns (backend, schema). The caller closes the backend."""
     from runtime.config import GrammarConfig
     from runtime.constrained import GrammarBackend
 
     be = GrammarBackend.from_tokenizer(tok, GrammarConfig(grammar_compile_timeout=60.0), num_workers=1)
     schema = json.dumps({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
                          "required": ["name", "age"]})
-    ask = chat(tok, 'Copy this JSON exactly: {"name": "Ada Lovelace", "age": 36} then {"name": "Ada Lovelace", "age": 36}')
-    outs: dict[str, dict[str, list[int]]] = {}
-    fut = be.get_future(SamplingParams(json_schema=schema))  # compiled (and cached) before the runs
+    fut = be.get_future(SamplingParams(json_schema=schema))
     for _ in range(600):
         if fut.done():
             break
         time.sleep(0.1)
     fut.result()
+    return be, schema
+
+
+def test_constrained_and_speculative_outputs_stay_valid(smollm_runner, tok):
+    be, schema = person_schema_backend(tok)
+    ask = chat(tok, 'Copy this JSON exactly: {"name": "Ada Lovelace", "age": 36} then {"name": "Ada Lovelace", "age": 36}')
+    outs: dict[str, dict[str, list[int]]] = {}
     try:
         _run_both(smollm_runner, tok, be, ask, schema, outs)
     finally:
