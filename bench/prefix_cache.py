@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from runtime import Engine  # noqa: E402
+from runtime.config import make_config, resolve  # noqa: E402
 
 TOPICS = ["rivers", "glaciers", "volcanoes", "deserts", "forests", "oceans", "mountains", "islands",
           "caves", "lakes", "canyons", "reefs", "valleys", "plains", "swamps", "tundra"]
@@ -119,6 +120,7 @@ def main() -> None:
     if args.max_total_tokens:
         extra["max_total_tokens"] = args.max_total_tokens
 
+    cfg = resolve(make_config(**extra))  # what the engines below run: dtype auto resolved for this machine
     rows: dict[tuple[str, str], dict] = {}
     states: dict[str, dict] = {}
     for mode in ("on", "off"):
@@ -139,7 +141,8 @@ def main() -> None:
         "# Prefix cache: radix cache on vs off",
         "",
         f"`python bench/prefix_cache.py {' '.join(sys.argv[1:])}` on {platform.machine()} CPU "
-        f"({os.cpu_count()} cores, {args.threads} torch threads), SmolLM2-135M-Instruct float32, through "
+        f"({os.cpu_count()} cores, {args.threads} torch threads), SmolLM2-135M-Instruct {cfg.model.dtype} "
+        f"(`--quantization {cfg.model.quantization}`), through "
         "`runtime.Engine` (streaming, greedy, ignore_eos). Both modes in one process, back to back.",
         "",
         f"- RAG: one {args.doc_tokens}-token document, {args.questions} questions at once, "
