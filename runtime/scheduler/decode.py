@@ -69,8 +69,10 @@ def plan_decode(kv: KVManager, running: list[Req], others_hold_slots: bool = Fal
                 aborted.append((req, f"KV cache pool ({kv.total} slots) is too small for this request"))
         keep = {id(r) for r in victims}
         running[:] = [r for r in running if id(r) in keep]
-    decode = [r for r in running if _need(r) == 1]
-    extend = [r for r in running if _need(r) != 1]
+    decode: list[Req] = []
+    extend: list[Req] = []
+    for req in running:
+        (decode if _need(req) == 1 else extend).append(req)
     # one allocation and one table scatter for all decode rows; `slots` stays one [1] view per row
     both = kv.extend_one_each(decode) if decode else None
     slots = [*both.split(1)] if both is not None else []
