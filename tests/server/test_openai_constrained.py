@@ -116,8 +116,10 @@ def test_json_object_outputs_are_objects(client):
     def run(i):
         return client.chat.completions.create(
             model=client.model_name, max_tokens=128, temperature=0.7, seed=100 + i,  # room to close
+            # a short object asked for: "describe item i" drew 100+ token objects that the CPU's
+            # rounding (bf16 by default) decided to cut or not (CI: 1 of 4 closed)
             messages=[{"role": "system", "content": "Reply in JSON."},
-                      {"role": "user", "content": f"Describe item {i} briefly."}],
+                      {"role": "user", "content": f"Give a JSON object with the keys name and age for person {i}."}],
             response_format={"type": "json_object"}, stop=None)
 
     results = _parallel(run, list(range(4)))
@@ -126,7 +128,7 @@ def test_json_object_outputs_are_objects(client):
             assert isinstance(json.loads(r.choices[0].message.content), dict)
         else:
             assert r.choices[0].message.content.startswith("{")
-    assert sum(r.choices[0].finish_reason == "stop" for r in results) >= 2
+    assert sum(r.choices[0].finish_reason == "stop" for r in results) >= 3
 
 
 def _check_call(r, expect_name: str | None) -> None:
