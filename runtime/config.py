@@ -58,8 +58,8 @@ class ModelConfig:
     """CPU: run the forward eagerly instead of torch.compile'd (inductor) decode graphs per batch-size bucket
     (RADIXGEN_DISABLE_COMPILE=1 does the same; the test suite sets it)."""
     compile_max_bs: int = 32
-    """CPU: largest decode batch run through a compiled graph (one compile per bucket up to it; larger batches
-    and extend steps run eagerly)."""
+    """CPU: largest compiled decode bucket (one compile per bucket up to it); a larger decode batch replays it
+    once per this many rows, extend steps run eagerly."""
     mem_fraction_static: float = 0.85
     """Fraction of total GPU memory that weights plus the KV pool may hold (the rest: activations, graphs)."""
 

@@ -126,10 +126,13 @@ class DecodeGraphRunner:
     def __init__(self, model, attn, req_to_token: torch.Tensor, pad_slot: int, max_bs: int,
                  graph_factory: Callable[[], Graph] | None = None, attend=None,
                  buckets: tuple[int, ...] = BUCKETS, label: str = "CUDA graphs",
-                 on_bucket: Callable[[int], None] | None = None) -> None:
+                 on_bucket: Callable[[int], None] | None = None, split_larger: bool = False) -> None:
         self.model, self.attn = model, attn
         self.body = DecodeBody(model, attend or attn.forward)
         self.label, self.on_bucket = label, on_bucket
+        # split_larger: a decode batch above the largest bucket replays it once per max_bs rows (the CPU
+        # compiled path, where an eager forward costs ~2.5x a compiled one per row); else it runs eagerly.
+        self.split_larger = split_larger
         self.req_to_token = req_to_token
         self.device = req_to_token.device
         self.pad_slot = pad_slot
@@ -167,11 +170,25 @@ class DecodeGraphRunner:
                  len(self.buckets), self.label, ",".join(map(str, self.buckets)), self.capture_seconds)
 
     def can_run(self, fb: ForwardBatch) -> bool:
-        return fb.is_decode and fb.batch_size <= self.max_bs and fb.logits_indices.numel() == fb.batch_size
+        fits = fb.batch_size <= self.max_bs or self.split_larger
+        return fb.is_decode and fits and fb.logits_indices.numel() == fb.batch_size
 
     @torch.inference_mode()
     def replay(self, fb: ForwardBatch) -> torch.Tensor:
-        """Logits [B, V] float32 for a decode batch (a view into the bucket's output buffer)."""
+        """Logits [B, V] float32 for a decode batch (a view into the bucket's output buffer when B <= max_bs;
+        above it, a new tensor filled by one replay per max_bs rows, each row's logits those of its chunk)."""
+        if fb.batch_size <= self.max_bs:
+            return self._replay_one(fb)
+        out = None
+        for lo in range(0, fb.batch_size, self.max_bs):
+            hi = min(lo + self.max_bs, fb.batch_size)
+            part = self._replay_one(_decode_rows(fb, lo, hi))
+            if out is None:
+                out = torch.empty((fb.batch_size, *part.shape[1:]), dtype=part.dtype, device=part.device)
+            out[lo:hi].copy_(part)  # before the next replay overwrites the bucket's output
+        return out
+
+    def _replay_one(self, fb: ForwardBatch) -> torch.Tensor:
         bs = fb.batch_size
         bucket = bucket_for(self.buckets, bs)
         host = pad_decode_metadata(fb, bucket, self.pad_slot)
@@ -203,6 +220,16 @@ class DecodeGraphRunner:
 
 
 CudaGraphRunner = DecodeGraphRunner  # the name the CUDA path and its tests use
+
+
+def _decode_rows(fb: ForwardBatch, lo: int, hi: int) -> ForwardBatch:
+    """Rows [lo, hi) of an all-decode batch (row b's one token is token b) as a decode batch of their own."""
+    return ForwardBatch(
+        num_decode=hi - lo, input_ids=fb.input_ids[lo:hi], positions=fb.positions[lo:hi],
+        out_cache_loc=fb.out_cache_loc[lo:hi], req_pool_indices=fb.req_pool_indices[lo:hi],
+        seq_lens=fb.seq_lens[lo:hi], prefix_lens=fb.prefix_lens[lo:hi], extend_lens=fb.extend_lens[lo:hi],
+        logits_indices=torch.arange(hi - lo, dtype=torch.int64, device=fb.logits_indices.device),
+    )
 
 
 def _empty_decode() -> ForwardBatch:

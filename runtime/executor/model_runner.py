@@ -12,7 +12,8 @@ scheduler reading the sampled ids.
 
 On CPU: bf16 by default where the CPU has native bf16 (runtime.config.resolve), and decode batches up to
 --compile-max-bs run through torch.compile'd graphs per bucket (runtime.executor.compiled) unless
---disable-compile or RADIXGEN_DISABLE_COMPILE=1; extend and mixed steps run eagerly.
+--disable-compile or RADIXGEN_DISABLE_COMPILE=1 (larger decode batches in max-bucket chunks); extend and
+mixed steps run eagerly.
 """
 
 from __future__ import annotations

@@ -72,6 +72,17 @@ def test_fp32_compiled_greedy_identical_over_64_steps(fp32_pair, bs):
     assert compiled.graph_runner.replays - before == 63  # every decode step went through a compiled graph
 
 
+def test_decode_batch_above_the_largest_bucket_replays_it_in_chunks(fp32_pair):
+    """37 rows over buckets up to 32: each decode step replays bucket 32, then bucket 8 (5 rows + 3 padding)."""
+    eager, compiled = fp32_pair
+    prompts = _prompts(37, seed=11)
+    before = compiled.graph_runner.replays
+    assert greedy_generate(compiled, prompts, 12) == greedy_generate(eager, prompts, 12)
+    assert compiled.graph_runner.replays - before == 2 * 11
+    for a, b in zip(_decode_logits(eager, prompts, 2), _decode_logits(compiled, prompts, 2), strict=True):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+
+
 def test_fp32_compiled_logits_close_to_eager(fp32_pair):
     eager, compiled = fp32_pair
     prompts = _prompts(5, seed=7)  # bucket 8: three padding rows
