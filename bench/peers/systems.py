@@ -174,6 +174,14 @@ class HFSystem(System):
         return outs, float(reply["wall"])
 
 
+def _cpu_has_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " amx_tile" in line for line in f)
+    except OSError:
+        return False
+
+
 def _first_line(cmd: list[str]) -> str:
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
@@ -294,8 +302,9 @@ def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
                 "-a",
                 MODEL_NAME,
                 "--no-webui",
-                "-nr",  # no weight repacking: its AMX matmul path segfaults on this Xeon (gdb: ggml_backend_amx_mul_mat)
             ]
+            if _cpu_has_amx():  # no weight repacking: its AMX matmul path segfaulted on the Xeon (gdb:
+                cmd.append("-nr")  # ggml_backend_amx_mul_mat); other CPUs keep llama.cpp's default
             ver = _first_line([exe, "--version"])
             out.append(
                 HttpSystem(
@@ -304,7 +313,7 @@ def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
                     env=env2,
                     port=port,
                     health="/health",
-                    version_of=f"llama-server ({ver}), Q4_1 GGUF, {slots} slots",
+                    version_of=f"llama-server ({ver}), Q4_1 GGUF, {slots} slots" + (", -nr (no repack)" if "-nr" in cmd else ""),
                 )
             )
         elif name == "hf":
