@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -26,11 +27,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import workloads as W  # noqa: E402
-from client import Reply  # noqa: E402
+from client import Reply, Req  # noqa: E402
 from systems import ROOT, System, default_gguf, make_systems  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "peers.json")
-ALL = ["single", "c8", "c32", "rag", "chat", "json"]
+ALL = ["single", "prefill1k", "c8", "c32", "rag", "chat", "json"]
 
 
 def _mean(xs: list[float]) -> float:
@@ -63,6 +64,20 @@ def run_single(s: System, seed: int) -> dict:
     if o.ok and o.output_len > 1 and o.e2e > o.ttft:
         res["decode_tok_s"] = (o.output_len - 1) / (o.e2e - o.ttft)
     res["ttft_s"] = o.ttft
+    return res
+
+
+def run_prefill1k(s: System, seed: int) -> dict:
+    """Three 1,000-token prompts one after another (fresh random ids: no cache hit), 2 output tokens each:
+    the median TTFT is the engine's prefill time of a 1,000-token prompt plus one HTTP round trip."""
+    outs, wall = [], 0.0
+    for k in range(3):
+        o, w = s.run([Req(ids=W.random_ids(random.Random(seed * 10 + k), 1000), max_tokens=2,
+                            tag="prefill1k")], 1)
+        outs += o
+        wall += w
+    res = _rates(outs, wall)
+    res["ttft_s"] = statistics.median([o.ttft for o in outs if o.ok]) if any(o.ok for o in outs) else float("nan")
     return res
 
 
@@ -114,6 +129,8 @@ def run_workload(s: System, name: str, seed: int, rag_questions: int, hf_rag_que
         return _rates(outs, wall)
     if name == "chat":
         return run_chat(s, seed)
+    if name == "prefill1k":
+        return run_prefill1k(s, seed)
     if name == "json":
         return run_json(s, seed)
     raise SystemExit(f"unknown workload {name!r}")

@@ -3,6 +3,7 @@
     single   one request, 512 random prompt tokens, 128 output tokens: TTFT and decode tokens/s
     c<N>     N concurrent clients, unique 84-token random prompts, 128 output tokens (EOS banned); c=1..8 send
              2N requests (two waves), larger N send N (one burst)
+    prefill1k  three 1,000-token random prompts in turn, 2 output tokens each: median TTFT (prefill speed)
     rag      questions (32 by default) over one ~1,500-token document (the same system message), 32 output tokens each
     chat     16 conversations x 4 turns; each turn carries the whole history (the replies actually produced)
     json     16 chat requests whose answer must follow a JSON schema (each peer's own structured-output
