@@ -112,6 +112,11 @@ def run_json(s: System, seed: int) -> dict:
     res = _rates(outs, wall)
     res["valid"] = sum(valid_json(o.text) for o in outs if o.ok)
     res["valid_rate"] = res["valid"] / len(reqs)
+    # the work is "16 valid objects": engines spend different token counts on them (whitespace, string
+    # lengths), so out tok/s alone misranks them; valid objects per second of wall time does not.
+    res["valid_per_s"] = res["valid"] / wall if wall > 0 else 0.0
+    res["out_chars_mean"] = _mean([len(o.text) for o in outs if o.ok])
+    res["sample"] = outs[0].text[:400] if outs and outs[0].ok else ""
     res["constrained"] = s.name != "hf"
     return res
 
