@@ -156,12 +156,14 @@ def main() -> None:
     errs = [f"- {w}/{s}: {e}" for (w, s), m in sorted(med.items()) for e in m["errors"]]
     if errs:
         lines += ["Errors:", *errs, ""]
-    lines += [
-        f"## Roofline (radixgen, {dtype}; bench/results/roofline.md)",
-        "",
-        *roofline_lines(med, roof, dtype),
-        "",
-    ]
+    roof_lines = roofline_lines(med, roof, dtype)
+    if len(roof_lines) != 2:  # header only: no workload of this run has a bound
+        lines += [
+            f"## Roofline (radixgen, {dtype}; bounds from bench/results/roofline.md, see its date)",
+            "",
+            *roof_lines,
+            "",
+        ]
     notes = args.reading  # the hand-written reading of these figures
     if notes and os.path.exists(notes):
         with open(notes) as f:
