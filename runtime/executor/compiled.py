@@ -7,7 +7,8 @@ runs the bucket's compiled forward. Inside it every linear is a prepacked oneDNN
 turns the frozen parameters into constants and packs them), norms/rope/SiLU-mul are fused C++ loops, and
 attention is the opaque custom op `radixgen_rt::attention` (runtime/models/attn_op.py), so any backend plugs in.
 Extend and mixed steps run eagerly; a decode batch above the largest bucket replays that bucket once per
-max_bs rows (64 rows at --compile-max-bs 32: two replays, ~2 x 47 ms vs ~120 ms eager on 2 Zen 4 cores).
+max_bs rows (64 rows at --compile-max-bs 32: two replays, 79 vs 85 ms per step eager, in-process on 2 Zen 4
+cores).
 
 Start-up: every bucket compiles before the server is ready, behind a progress bar, and the total time is
 logged. Inductor's FX graph cache (TORCHINDUCTOR_CACHE_DIR, default /tmp/torchinductor_$USER) makes a second

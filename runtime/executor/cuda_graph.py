@@ -131,7 +131,8 @@ class DecodeGraphRunner:
         self.body = DecodeBody(model, attend or attn.forward)
         self.label, self.on_bucket = label, on_bucket
         # split_larger: a decode batch above the largest bucket replays it once per max_bs rows (the CPU
-        # compiled path, where an eager forward costs ~2.5x a compiled one per row); else it runs eagerly.
+        # compiled path, where that beats the eager forward); else it runs eagerly (CUDA: large batches keep
+        # the GPU busy without a graph).
         self.split_larger = split_larger
         self.req_to_token = req_to_token
         self.device = req_to_token.device
