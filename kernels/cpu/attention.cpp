@@ -10,11 +10,13 @@
 //             key chunk) for each request's own keys (split-KV). Each item leaves a partial (o, lse) per query row;
 //             a merge pass combines them by log-sum-exp. Items are pulled dynamically by every thread. With
 //             B*G >= 16 rows per KV head the prefix items run on brgemm instead (decode_shared.h: one item per
-//             (KV head, chunk of whole 128-key blocks), AMX bf16 tiles or float32 brgemm); else the row kernel.
+//             (KV head, chunk of whole 128-key blocks), bf16 blocks on AMX tiles or AVX-512-BF16 (gemm_bf16.h), or
+//             float32 brgemm); else the row kernel.
 //   extend  : ragged new tokens (E_b per request after P_b cached ones), flash-style online softmax per
 //             (request, block of QB queries); query i of request b sees keys [0, P_b + i]. For head_dim % 32 == 0
 //             it runs on brgemm micro-kernels over key blocks packed once per call, the shared prefix once for
-//             the batch (extend_amx.h: bf16 AMX tiles where oneDNN has them, else float32 brgemm); other head
+//             the batch (extend_amx.h: bf16 AMX tiles where oneDNN has them, else bf16 vdpbf16ps where the CPU
+//             has AVX-512-BF16 (gemm_bf16.h), else float32 brgemm); other head
 //             sizes take the row kernel below.
 // Numerics: inputs float32 or bfloat16, scores/softmax/accumulators float32, outputs in the input dtype.
 // GQA: the G = Hq / Hkv query heads of a KV head are rows of the same item, so each K/V row is read once for them.
@@ -275,6 +277,7 @@ struct Rows {
   }
 };
 
+#include "gemm_bf16.h"
 #include "extend_amx.h"
 #include "decode_shared.h"
 
@@ -622,6 +625,14 @@ TORCH_LIBRARY(radixgen, m) {
       "attn_extend(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, int layer, "
       "Tensor out_cache_loc, Tensor req_to_token, Tensor req_pool_indices, Tensor prefix_lens, "
       "Tensor extend_lens, int shared_len, float scale) -> Tensor");
+}
+
+// Selects the bf16 key-block kernel (tests and benchmarks); not a tensor op, so it is registered as a
+// catch-all kernel and runs with any (or no) tensors around.
+static std::string bf16_attn_gemm(const std::string& mode) { return amx::set_bf16_gemm(mode); }
+
+TORCH_LIBRARY_FRAGMENT(radixgen, m) {
+  m.def("bf16_attn_gemm(str mode) -> str", &bf16_attn_gemm);
 }
 
 TORCH_LIBRARY_IMPL(radixgen, CPU, m) {

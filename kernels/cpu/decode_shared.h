@@ -21,7 +21,7 @@ template <typename R>
 inline SharedPath shared_path(int M, int D) {
   if (M < GEMM_MIN_ROWS || D % 32 != 0 || D > 256) return SharedPath::rows;
   if constexpr (std::is_same_v<R, float>) return SharedPath::brgemm_f32;
-  else return available<uint16_t>() ? SharedPath::brgemm_bf16 : SharedPath::rows;
+  else return available<uint16_t>() ? SharedPath::brgemm_bf16 : SharedPath::rows;  // AMX brgemm or vdpbf16ps
 }
 
 // Keys per shared-prefix chunk: whole NB blocks, few enough items per KV head that each amortizes its setup

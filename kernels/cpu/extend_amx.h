@@ -1,5 +1,6 @@
 // Extend through brgemm micro-kernels (oneDNN's, via ATen's cpublas): bf16 on CPUs whose kernels take
-// VNNI-packed bf16 (AMX machines), float32 everywhere. Included by attention.cpp (one translation unit);
+// VNNI-packed bf16 (AMX machines), bf16 through gemm_bf16.h's AVX-512-BF16 kernel on the same packed blocks
+// elsewhere, float32 everywhere. Included by attention.cpp (one translation unit);
 // decode's shared-prefix items reuse pack_block / start_rows / attend_block (decode_shared.h).
 // Two phases per call:
 //   pack:   every block of NB keys of the batch, per KV head, is read once through req_to_token and packed:
@@ -19,12 +20,12 @@ namespace amx {
 
 constexpr int NB = 128;  // keys per brgemm block (a multiple of 32: whole AMX tiles, even VNNI pairs)
 
-// bf16 needs VNNI-packed brgemm kernels (AMX); float32 brgemm runs everywhere (oneDNN or cpublas gemm).
+// bf16 blocks need VNNI-packed brgemm kernels (AMX) or AVX-512-BF16 (gemm_bf16.h), unless forced to float32;
+// float32 brgemm runs everywhere (oneDNN or cpublas gemm).
 template <typename T>
 inline bool available() {
   if constexpr (std::is_same_v<T, float>) return true;
-  static const bool ok = at::native::cpublas::could_pack(at::kBFloat16);
-  return ok;
+  else return bf16_gemm() != Bf16Gemm::f32;
 }
 
 template <typename T>
@@ -172,7 +173,14 @@ inline void attend_block(const Block<T>& blk, const int* lim, int M, int D, floa
   const auto* A = reinterpret_cast<const E*>(b.a.data());
   const auto* bk = reinterpret_cast<const E*>(blk.packed);
   const auto* bv = reinterpret_cast<const E*>(blk.packed + size_t(D) * NB);
-  brgemm(M, NB, D, D, NB, NB, false, A, bk, b.s.data(), vnni);
+  bool dot = false;  // bf16 blocks through gemm_bf16.h's vdpbf16ps kernel instead of brgemm
+  if constexpr (vnni) dot = bf16_gemm() == Bf16Gemm::dot;
+  if (dot) {
+    if constexpr (vnni)
+      dot_gemm(M, NB, D, b.a.data(), D, reinterpret_cast<const uint32_t*>(blk.packed), NB, b.s.data(), NB, false);
+  } else {
+    brgemm(M, NB, D, D, NB, NB, false, A, bk, b.s.data(), vnni);
+  }
   for (int m = 0; m < M; ++m) {
     float* sm = b.s.data() + size_t(m) * NB;
     T* pm = b.p.data() + size_t(m) * NB;
@@ -191,7 +199,13 @@ inline void attend_block(const Block<T>& blk, const int* lim, int M, int D, floa
       for (int x = 0; x < D; ++x) om[x] *= alpha;
     }
   }
-  brgemm(M, D, NB, NB, D, D, true, reinterpret_cast<const E*>(b.p.data()), bv, b.o.data(), vnni);
+  if (dot) {
+    if constexpr (vnni)
+      dot_gemm(M, D, NB, b.p.data(), NB, reinterpret_cast<const uint32_t*>(blk.packed + size_t(D) * NB), D,
+               b.o.data(), D, true);
+  } else {
+    brgemm(M, D, NB, NB, D, D, true, reinterpret_cast<const E*>(b.p.data()), bv, b.o.data(), vnni);
+  }
 }
 
 // One (item, KV head) over packed key blocks in key order; row m sees keys j < lim[m]; out_rows[m] receives

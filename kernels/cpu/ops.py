@@ -77,3 +77,13 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for gate_up [T, 2I] (gate first) -> [T, I]."""
     return torch.ops.radixgen.silu_mul(gate_up)
+
+
+def bf16_attn_gemm(mode: str = "auto") -> str:
+    """Select the kernel that multiplies bf16 key blocks in attn_extend and decode's shared prefix: "brgemm"
+    (oneDNN AMX tiles), "dot" (AVX-512-BF16 vdpbf16ps, kernels/cpu/gemm_bf16.h; forced on a CPU without it, a slow
+    portable twin that tests the same layouts), "f32" (blocks converted to
+    float32: float32 brgemm for extend, the row kernel for decode) or "auto" (the first of those this CPU has).
+    Process-wide, for tests and benchmarks; raises on a mode this CPU lacks. Returns the mode now in effect."""
+    load()
+    return torch.ops.radixgen.bf16_attn_gemm(mode)

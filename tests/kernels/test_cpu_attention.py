@@ -17,6 +17,7 @@ import torch
 from kernels import ref
 from kernels.cpu import ops
 from kernels.cpu.backend import CpuAttnBackend, shared_prefix_len
+from tests.kernels.conftest import DTYPE_GEMMS
 from tests.kernels.paged import make_paged_batch, step_meta
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -73,9 +74,9 @@ def _run(pb, prefix, extend, group, dtype, is_decode, seed=0):
     return got, want, backend, (kr, vr)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize(("dtype", "bf16_gemm"), DTYPE_GEMMS, indirect=["bf16_gemm"])
 @pytest.mark.parametrize("case", DECODE_GRID, ids=[f"B{c[0]}-ctx{c[1][1]}-G{c[2]}-P{c[3]}-S{c[4]}" for c in DECODE_GRID])
-def test_decode_matches_reference(case, dtype) -> None:
+def test_decode_matches_reference(case, dtype, bf16_gemm) -> None:
     batch, (lo, hi), group, page, shared, d = case
     g = torch.Generator().manual_seed(batch * 7 + hi)
     seq = torch.randint(max(lo, shared + 1), hi + 1, (batch,), generator=g).tolist()
@@ -90,9 +91,9 @@ def test_decode_matches_reference(case, dtype) -> None:
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize(("dtype", "bf16_gemm"), DTYPE_GEMMS, indirect=["bf16_gemm"])
 @pytest.mark.parametrize("case", EXTEND_GRID, ids=[f"E{sum(c[1])}-G{c[2]}-P{c[3]}-S{c[4]}" for c in EXTEND_GRID])
-def test_extend_matches_reference(case, dtype) -> None:
+def test_extend_matches_reference(case, dtype, bf16_gemm) -> None:
     prefix, extend, group, page, shared, d = case
     pb = make_paged_batch(prefix, extend, 2, d, page_size=page, dtype=dtype, seed=len(prefix))
     _share(pb, shared)
@@ -104,8 +105,8 @@ def test_extend_matches_reference(case, dtype) -> None:
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_mixed_step_matches_reference(dtype) -> None:
+@pytest.mark.parametrize(("dtype", "bf16_gemm"), DTYPE_GEMMS, indirect=["bf16_gemm"])
+def test_mixed_step_matches_reference(dtype, bf16_gemm) -> None:
     """Rows [0, 3) decode, rows [3, 6) extend (one over the decode rows' shared prefix): one step, two op calls."""
     prefix, extend = [300, 300, 80, 300, 0, 40], [1, 1, 1, 50, 7, 1]
     pb = make_paged_batch(prefix, extend, 3, 64, dtype=dtype, seed=11)
@@ -208,3 +209,13 @@ def test_auto_falls_back_to_torch_when_the_build_fails(monkeypatch, caplog) -> N
     assert [r.message for r in caplog.records if "native cpu attention unavailable" in r.message]
     with pytest.raises(RuntimeError, match="g\\+\\+ not found"):
         create_attn_backend("cpu", kc, kc.clone(), 0.125)
+
+
+def test_bf16_attn_gemm_selects_and_restores() -> None:
+    auto = ops.bf16_attn_gemm("auto")
+    assert auto in ("f32", "dot", "brgemm")
+    assert ops.bf16_attn_gemm("dot") == "dot" and ops.bf16_attn_gemm("f32") == "f32"
+    with pytest.raises(RuntimeError, match="unknown mode"):
+        ops.bf16_attn_gemm("amx")
+    assert ops.bf16_attn_gemm("f32") == "f32"  # a refused mode changes nothing
+    assert ops.bf16_attn_gemm("auto") == auto

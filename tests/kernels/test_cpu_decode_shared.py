@@ -17,16 +17,17 @@ import torch
 
 from kernels import ref
 from kernels.cpu import ops
+from tests.kernels.conftest import DTYPE_GEMMS
 from tests.kernels.paged import make_paged_batch, step_meta
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 HKV, G, D = 3, 3, 64
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize(("dtype", "bf16_gemm"), DTYPE_GEMMS, indirect=["bf16_gemm"])
 @pytest.mark.parametrize("batch", [2, 8, 32])
 @pytest.mark.parametrize("shared", [0, 1, 31, 128, 200, 1500])
-def test_decode_shared_prefix_matches_reference(shared, batch, dtype) -> None:
+def test_decode_shared_prefix_matches_reference(shared, batch, dtype, bf16_gemm) -> None:
     ops.load()
     g = torch.Generator().manual_seed(shared * 41 + batch)
     own = torch.randint(1, 101, (batch,), generator=g).tolist()  # own keys per request, the new token included
