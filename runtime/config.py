@@ -152,6 +152,14 @@ class SpeculativeConfig:
     """ngram: shortest suffix of the request's tokens that must match earlier to propose a continuation."""
     speculative_ngram_max_match_window_size: int = 4
     """ngram: longest suffix tried first (longer matches are tried before shorter ones)."""
+    speculative_min_accept: float = 1.0
+    """A request whose average of accepted drafts per verify step (exponential moving average, the newest step
+    weighted 0.5, from its first verify step) falls below this stops proposing for --speculative-pause-steps
+    decode steps, decoding plainly meanwhile (output unchanged), so text where proposals keep missing does not
+    pay for verify rows; 0 never pauses."""
+    speculative_pause_steps: int = 8
+    """Decode steps a paused request proposes nothing; each pause that follows another with no recovery in
+    between (average back at --speculative-min-accept) doubles, up to 8x this."""
 
 
 @dataclass(frozen=True)
@@ -293,6 +301,10 @@ SPECULATIVE_ALGORITHMS = ("ngram", "draft")
 def _check_speculative(cfg: Config) -> None:
     """Fail loud on speculative settings the runtime cannot honour (one line each)."""
     sp = cfg.speculative
+    if sp.speculative_min_accept < 0:
+        raise ValueError(f"--speculative-min-accept must be >= 0, got {sp.speculative_min_accept}")
+    if sp.speculative_pause_steps < 1:
+        raise ValueError(f"--speculative-pause-steps must be at least 1, got {sp.speculative_pause_steps}")
     algo = (sp.speculative_algorithm or "none").lower()
     draft = sp.speculative_draft_model_path
     if algo == "none":

@@ -94,6 +94,12 @@ class Req:
         self.spec_prompt: Any = None
         self.spec_verify_ct = 0
         self.spec_accepted = 0  # drafts accepted over all verify steps
+        # Adaptive pause (runtime/scheduler/speculative.py, `pause_after_verify`): the moving average of drafts
+        # accepted per verify step (meaningful once spec_verify_ct > 0), the decode steps left in which it
+        # proposes nothing, and the length of its latest pause (0: none since the average last recovered).
+        self.spec_accept_avg = 0.0
+        self.spec_pause = 0
+        self.spec_pause_len = 0
 
     # ---- lengths ----------------------------------------------------------------------------------------------
     @property

@@ -7,7 +7,8 @@ first proposal and keeps it until it leaves the target's pool (finish, abort, re
 Per request, `DraftRow.kv_len` = n means positions [0, n) of the request's fill_ids have draft K/V at slots
 table[row, :n], all owned by the request. One step (`propose`, batched over the speculating requests):
 1. catch-up + d_1: one forward computes fill_ids[kv_len : fill_len] (usually 1 or 2 tokens; the whole
-   prompt on the first proposal or after a retraction) and picks d_1 from the logits of its last position;
+   prompt on the first proposal or after a retraction, the tokens decoded plainly during a speculation pause)
+   and picks d_1 from the logits of its last position;
 2. k - 1 decode forwards: d_{j-1} at position fill_len + j - 2 -> d_j.
 So after proposing m tokens the row holds fill_len + m - 1 positions (d_1..d_{m-1} past fill_len; d_m has no
 K/V). `settle`, once the verify row emitted its tokens, keeps the positions whose token the request really has

@@ -20,6 +20,11 @@ Data flow of one step (`--speculative-algorithm ngram|draft`):
    draft model keeps its K/V of the accepted drafts only). A proposal that is not verified (no slots) is
    settled at once. A request leaving the pool releases its proposer state too (KVManager.on_release).
 
+Adaptive pause (`pause_after_verify`, --speculative-min-accept / --speculative-pause-steps): each verify step
+folds its accepted-draft count into the request's moving average; below the minimum the request sits out the
+next pause_steps decode steps as a plain decode row (the same path as a request with no n-gram match), then
+proposes again. A pause that follows another with no recovery in between doubles, up to 8x.
+
 Invariant after `verify`: draft_ids == [], extend_len == 0, cached_len == fill_len - 1 (or the request is
 finished), and every slot of the row past cached_len is back in the allocator: a verify step never leaves
 anything behind, so abort, retraction and finish see the same state as after a plain decode step.
@@ -66,26 +71,54 @@ def create_speculator(cfg: Config, kv: KVManager, eos_ids: frozenset[int], vocab
     return Speculator(sp, kv, eos_ids, vocab_size, DraftProposer(draft_runner, eos_ids, cfg.model.random_seed))
 
 
+PAUSE_AVG_WEIGHT = 0.5  # weight of the newest verify step in Req.spec_accept_avg
+PAUSE_MAX_FACTOR = 8  # consecutive pauses double up to this many times --speculative-pause-steps
+
+
+def pause_after_verify(req: Req, accepted: int, min_accept: float, pause_steps: int) -> bool:
+    """Fold one verify step's `accepted` drafts into req.spec_accept_avg (req.spec_verify_ct already counts
+    the step; its first step sets the average). Average below `min_accept` (> 0): pause for `pause_steps`
+    decode steps, or twice the previous pause (at most PAUSE_MAX_FACTOR x) when the average has not recovered
+    since it; returns True. Otherwise the next pause starts again at `pause_steps`."""
+    w = PAUSE_AVG_WEIGHT
+    first = req.spec_verify_ct == 1
+    req.spec_accept_avg = float(accepted) if first else w * accepted + (1 - w) * req.spec_accept_avg
+    if min_accept > 0 and req.spec_accept_avg < min_accept:
+        prev = req.spec_pause_len
+        req.spec_pause_len = min(2 * prev, PAUSE_MAX_FACTOR * pause_steps) if prev else pause_steps
+        req.spec_pause = req.spec_pause_len
+        return True
+    req.spec_pause_len = 0
+    return False
+
+
 class Speculator:
     """Proposes drafts for decode rows and verifies them after the forward; counts what it did."""
 
     def __init__(self, cfg: SpeculativeConfig, kv: KVManager, eos_ids: frozenset[int], vocab_size: int,
                  proposer: Proposer | None = None) -> None:
         self.k = cfg.speculative_num_draft_tokens
+        self.min_accept = cfg.speculative_min_accept
+        self.pause_steps = cfg.speculative_pause_steps
         self.proposer: Proposer = proposer if proposer is not None else NgramProposer(cfg)
         self.kv = kv
         kv.on_release.append(self.proposer.release)
         self.eos_ids = eos_ids
         self.vocab_size = vocab_size
         self.stats = {"spec_verify_ct": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0,
-                      "spec_emitted_tokens": 0}
+                      "spec_emitted_tokens": 0, "spec_pauses": 0, "spec_paused_steps": 0}
 
     # ---- before the forward -----------------------------------------------------------------------------------
     def attach(self, dplan: DecodePlan) -> DecodePlan:
         """Turn the decode rows that get drafts into verify rows; returns the new plan (same requests)."""
         nd = len(dplan.decode)
-        asks = [(req, self._budget(req)) for req in dplan.decode]
-        asks = [(req, k) for req, k in asks if k > 0]
+        asks: list[tuple[Req, int]] = []
+        for req in dplan.decode:
+            if req.spec_pause > 0:  # a paused request decodes plainly; this step counts off its pause
+                req.spec_pause -= 1
+                self.stats["spec_paused_steps"] += 1
+            elif (k := self._budget(req)) > 0:
+                asks.append((req, k))
         proposals = self.proposer.propose([r for r, _ in asks], [k for _, k in asks]) if asks else []
         got = {id(r): p for (r, _), p in zip(asks, proposals, strict=True)}
         keep: list[tuple[Req, torch.Tensor]] = []
@@ -202,6 +235,7 @@ class Speculator:
         req.spec_verify_ct += 1
         req.spec_accepted += accepted
         s = self.stats
+        s["spec_pauses"] += pause_after_verify(req, accepted, self.min_accept, self.pause_steps)
         s["spec_verify_ct"] += 1
         s["spec_draft_tokens"] += k
         s["spec_accepted_tokens"] += accepted

@@ -132,3 +132,111 @@ def test_fault_in_the_middle_of_a_verify_step_aborts_only_that_request(monkeypat
     assert res.final("bad").spec_verify_ct == 1
     assert res.ids("ok") == reference(p + [8], 20, "inc")
     sched.kv.tree.check_integrity()
+
+
+# ---------------------------------------------------------------------------------------------- adaptive pause
+# "inc" mode continues t with t + 1, but this prompt holds every value t followed by t + 3: the n-gram lookup
+# always proposes [t + 3, t + 6, ...] for the outputs 1, 2, 3, ... (each seen once), and always misses.
+MISS = [(3 * j) % V for j in range(V + 1)]
+
+
+def row_kinds(sched, rid: str) -> str:
+    """`rid`'s row in each step after its prefill: "V" a verify row (it proposed), "d" a plain decode row."""
+    kinds = ["d" if rids.index(rid) < nd else "V" for nd, rids, _, _ in sched.steps if rid in rids]
+    return "".join(kinds[1:])
+
+
+def test_rejected_drafts_pause_proposing_for_a_while():
+    """Every verify step accepts 0 drafts: the average (0) is below 1, so each proposal is followed by a pause,
+    each pause twice the one before (2, 4, 8, 16) up to 8x the base (16), outputs unchanged."""
+    sched, _ = make(mode="inc", **{**SPEC, "speculative_num_draft_tokens": 2}, speculative_pause_steps=2)
+    sched.handle(gen("m", MISS, 50))
+    res = drain(sched)
+    assert res.ids("m") == reference(MISS, 50, "inc")
+    want = "V" + "d" * 2 + "V" + "d" * 4 + "V" + "d" * 8 + "V" + "d" * 16 + "V" + "d" * 16
+    assert row_kinds(sched, "m") == want[:49]  # 49 steps after the prefill's token
+    st = sched.internal_state()
+    assert st["spec_accepted_tokens"] == 0 and st["spec_verify_ct"] == 5 == st["spec_pauses"]
+    assert st["spec_paused_steps"] == 49 - 5
+
+
+def test_accepted_drafts_never_pause():
+    sched, _ = make(mode="inc", **SPEC, speculative_pause_steps=2)
+    p = list(range(V)) + [5]  # outputs 6.. continue the prompt's run: every draft is accepted
+    sched.handle(gen("a", p, 30))
+    res = drain(sched)
+    assert res.ids("a") == reference(p, 30, "inc")
+    kinds = row_kinds(sched, "a")
+    assert kinds and set(kinds) == {"V"}
+    assert sched.internal_state()["spec_pauses"] == 0
+
+
+def test_min_accept_zero_never_pauses():
+    sched, _ = make(mode="inc", **SPEC, speculative_min_accept=0.0, speculative_pause_steps=2)
+    sched.handle(gen("m", MISS, 20))
+    sched.handle(gen("p", MISS + [7], 20, disable_speculation=True))  # a plain row in the same batches
+    res = drain(sched)
+    assert res.ids("m") == reference(MISS, 20, "inc") and res.ids("p") == reference(MISS + [7], 20, "inc")
+    assert row_kinds(sched, "m") == "V" * 19 and set(row_kinds(sched, "p")) == {"d"}
+    st = sched.internal_state()
+    assert st["spec_pauses"] == st["spec_paused_steps"] == 0
+
+
+def test_paused_and_speculating_requests_share_batches_with_unchanged_outputs():
+    """"m" pauses while "a" keeps verifying in the same steps; then hash-mode requests over repeated prompts
+    (some drafts accepted, most not) with the default pause settings, against the reference."""
+    sched, _ = make(mode="inc", **SPEC, speculative_pause_steps=2)
+    sched.handle(gen("m", MISS, 24))
+    sched.handle(gen("a", list(range(V)) + [5], 24))
+    res = drain(sched)
+    assert res.ids("m") == reference(MISS, 24, "inc") and res.ids("a") == reference(list(range(V)) + [5], 24, "inc")
+    assert "d" in row_kinds(sched, "m") and set(row_kinds(sched, "a")) == {"V"}
+    sched, _ = make(mode="hash", **SPEC)
+    ps = {f"h{i}": prompt(30, seed=i) + prompt(30, seed=i) for i in range(3)}
+    for rid, q in ps.items():
+        sched.handle(gen(rid, q, 40))
+    res = drain(sched)
+    for rid, q in ps.items():
+        assert res.ids(rid) == reference(q, 40, "hash"), rid
+    st = sched.internal_state()
+    assert st["spec_pauses"] > 0 and st["spec_accepted_tokens"] > 0
+
+
+def test_recovered_average_resets_the_pause_length():
+    """The rule itself: EMA weight 0.5 from the first verify step; below 1 pauses (2, then doubled while it
+    has not recovered), back at >= 1 the next pause is the base length again."""
+    from runtime.sampling.params import SamplingParams
+    from runtime.scheduler.core import Req
+    from runtime.scheduler.speculative import pause_after_verify
+
+    req = Req("r", [1], SamplingParams())
+
+    def verify(accepted: int) -> tuple[bool, float, int]:
+        req.spec_verify_ct += 1
+        paused = pause_after_verify(req, accepted, 1.0, 2)
+        assert req.spec_pause == (req.spec_pause_len if paused else 0)
+        req.spec_pause = 0  # the pause runs out
+        return paused, req.spec_accept_avg, req.spec_pause_len
+
+    assert verify(0) == (True, 0.0, 2)
+    assert verify(0) == (True, 0.0, 4)
+    assert verify(4) == (False, 2.0, 0)  # recovered
+    assert verify(0) == (False, 1.0, 0)  # 1.0 is not below 1.0
+    assert verify(0) == (True, 0.5, 2)  # base again
+    assert [verify(0)[2] for _ in range(4)] == [4, 8, 16, 16]  # capped at 8x
+    assert pause_after_verify(req, 0, 0.0, 2) is False and req.spec_pause_len == 0  # 0 never pauses
+
+
+def test_pause_settings_are_validated_and_reach_the_cli():
+    from server.cli import build_parser, config_from_args
+
+    with pytest.raises(ValueError, match="--speculative-min-accept must be >= 0"):
+        make(speculative_min_accept=-0.5, **SPEC)
+    with pytest.raises(ValueError, match="--speculative-pause-steps must be at least 1"):
+        make(speculative_pause_steps=0, **SPEC)
+    parser = build_parser()
+    ns = parser.parse_args(["serve", "--speculative-min-accept", "0.5", "--speculative-pause-steps", "4"])
+    sp = config_from_args(ns).speculative
+    assert (sp.speculative_min_accept, sp.speculative_pause_steps) == (0.5, 4)
+    helps = {a.dest: a.help for a in parser._subparsers._group_actions[0].choices["serve"]._actions}
+    assert "moving average" in helps["speculative_min_accept"] and "8x" in helps["speculative_pause_steps"]

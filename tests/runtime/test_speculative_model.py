@@ -44,10 +44,13 @@ def prompts(tok) -> dict[str, list[int]]:
     return out
 
 
-def test_greedy_equal_with_and_without_speculation(smollm_runner, tok, prompts):
+@pytest.mark.parametrize("pause", [{"speculative_min_accept": 0.0}, {"speculative_pause_steps": 2}],
+                         ids=["always-propose", "pausing"])
+def test_greedy_equal_with_and_without_speculation(smollm_runner, tok, prompts, pause):
     """Wave 1: every prompt opted out (plain decoding); wave 2: the same prompts speculating (their prompts
-    now cached, so the prefill is paid once)."""
-    d = Driver(smollm_runner, tok, **SPEC)
+    now cached, so the prefill is paid once): always proposing, or pausing after rejected drafts (short pauses,
+    so requests pause and propose again within MAX_NEW tokens)."""
+    d = Driver(smollm_runner, tok, **SPEC, **pause)
     try:
         for rid, ids in prompts.items():
             d.submit(f"off_{rid}", ids, MAX_NEW, ignore_eos=True, disable_speculation=True)
@@ -61,6 +64,7 @@ def test_greedy_equal_with_and_without_speculation(smollm_runner, tok, prompts):
         st = d.sched.internal_state()
         assert st["spec_verify_ct"] > 0 and st["spec_accepted_tokens"] > 0 and st["spec_accept_length"] > 1.0
         assert d.final("rag0").spec_verify_ct > 0
+        assert (st["spec_pauses"] > 0) == ("speculative_pause_steps" in pause)
     finally:
         d.close()
 
