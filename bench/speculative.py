@@ -1,4 +1,4 @@
-"""Speculative decoding (n-gram) on vs off: single-stream decode tokens/s on three workloads, side by side.
+"""Speculative decoding (n-gram) on vs off: per-request decode tokens/s on three workloads, side by side.
 
 One `runtime.Engine` with `--speculative-algorithm ngram`; the "off" requests opt out per request
 (`disable_speculation`), so both modes share the process, the weights, the compiled decode graphs and the
@@ -10,10 +10,14 @@ prefill is excluded. Workloads:
 - chat: free chat questions (nothing to copy: the "no worse than 0.95x" case).
 Reports per workload the median decode tok/s of each mode, the ratio, mean accepted length
 (meta_info spec_accept_length) and whether the greedy texts were identical, and writes
-bench/results/speculative.md.
+bench/results/speculative.md. `--concurrency N` keeps N streaming requests of a workload in flight at once
+(its prompts cycled to at least N requests, so copies of one prompt decode side by side); the rate stays per
+request. `--min-accept` / `--pause-steps` set the adaptive pause (--speculative-min-accept / -pause-steps;
+--min-accept 0: always propose).
 
     python bench/speculative.py [--rounds 3] [--max-new 160] [--draft-tokens 4] [--dtype auto]
-                                [--quantization auto] [--out FILE]
+                                [--quantization auto] [--concurrency 1] [--min-accept 1.0] [--pause-steps 8]
+                                [--out FILE]
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ import platform
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from runtime import Engine  # noqa: E402
+from runtime.config import SpeculativeConfig  # noqa: E402
 
 NOTES = [
     "The northern station records wind speed every ten minutes and sends the averages to the main office at noon.",
@@ -90,6 +96,14 @@ def decode_rate(engine, prompt: str, max_new: int, spec: bool) -> dict:
             "text": out["text"], "accept": meta.get("spec_accept_length", 1.0)}
 
 
+def run_wave(engine, prompts: list[str], max_new: int, spec: bool, concurrency: int) -> list[dict]:
+    """The workload's prompts (cycled to at least `concurrency` requests), `concurrency` in flight at a time;
+    results in request order."""
+    jobs = [prompts[i % len(prompts)] for i in range(max(len(prompts), concurrency))]
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        return list(pool.map(lambda p: decode_rate(engine, p, max_new, spec), jobs))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -98,11 +112,17 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--quantization", default="auto")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--concurrency", type=int, default=1, help="requests of a workload in flight at once")
+    ap.add_argument("--min-accept", type=float, default=SpeculativeConfig.speculative_min_accept,
+                    help="--speculative-min-accept (0: never pause)")
+    ap.add_argument("--pause-steps", type=int, default=SpeculativeConfig.speculative_pause_steps,
+                    help="--speculative-pause-steps")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "speculative.md"))
     args = ap.parse_args()
     kw = {"num_threads": args.threads} if args.threads else {}
     engine = Engine(max_total_tokens=8192, dtype=args.dtype, quantization=args.quantization, speculative_algorithm="ngram",
-                    speculative_num_draft_tokens=args.draft_tokens, compile_max_bs=1, **kw)
+                    speculative_num_draft_tokens=args.draft_tokens, speculative_min_accept=args.min_accept,
+                    speculative_pause_steps=args.pause_steps, compile_max_bs=max(1, args.concurrency), **kw)
     workloads = {"rag": [rag_prompt()], "code": [code_prompt()], "chat": CHAT}
     res: dict[tuple[str, bool], list[dict]] = {}
     try:
@@ -114,9 +134,8 @@ def main() -> None:
             order = (True, False) if r % 2 == 0 else (False, True)
             for name, prompts in workloads.items():
                 for spec in order:
-                    for p in prompts:
-                        res.setdefault((name, spec), []).append(decode_rate(engine, p, args.max_new, spec))
-                        x = res[(name, spec)][-1]
+                    for x in run_wave(engine, prompts, args.max_new, spec, args.concurrency):
+                        res.setdefault((name, spec), []).append(x)
                         print(f"round {r} {name:5s} spec={spec!s:5s} {x['tokens']:4d} tok {x['rate']:7.2f} tok/s "
                               f"accept {x['accept']:.2f}", flush=True)
         state = engine.get_server_info()["internal_states"][0]
@@ -133,10 +152,13 @@ def main() -> None:
                     f"{med_on:.1f} | {med_on / med_off:.2f}x | {acc:.2f} | {'yes' if same else 'NO'} |")
     cmd = "flock /tmp/radixgen-bench.lock nice -n 0 python bench/speculative.py " + " ".join(sys.argv[1:])
     text = "\n".join([
-        "# Speculative decoding (n-gram / prompt lookup): on vs off, single stream",
+        "# Speculative decoding (n-gram / prompt lookup): on vs off, "
+        + ("single stream" if args.concurrency == 1 else f"{args.concurrency} streams"),
         "",
         f"`{cmd.strip()}` on {platform.machine()} CPU ({os.cpu_count()} cores), SmolLM2-135M-Instruct "
-        f"(dtype {args.dtype}, quantization {args.quantization}), greedy, {args.draft_tokens} draft tokens, one Engine: the off requests opt out "
+        f"(dtype {args.dtype}, quantization {args.quantization}), greedy, {args.draft_tokens} draft tokens, "
+        f"min accept {args.min_accept:g}, pause steps {args.pause_steps}, concurrency {args.concurrency}, "
+        "one Engine: the off requests opt out "
         "per request (`disable_speculation`), rounds alternate on/off and off/on. Decode tok/s per request = "
         "(completion tokens - 1) / (last chunk - first chunk); medians over rounds (and prompts). "
         "**The machine was shared** with other sessions' tests and benchmarks while this ran: absolute rates "
