@@ -79,7 +79,7 @@ def table(med: dict, systems: list[str], loads: list[str], doc_rounds: int) -> l
             peers = [
                 v
                 for s, v in vals.items()
-                if s != "radixgen" and v is not None and not math.isnan(v) and v > 0
+                if not s.startswith("radixgen") and v is not None and not math.isnan(v) and v > 0  # variants aren't peers
             ]
             ours = vals.get("radixgen")
             ratio = "-"

