@@ -13,7 +13,8 @@ Model (from the GGUF's shapes): 30 layers, hidden 576, 9 query / 3 KV heads of 6
             cached K/V read once)
     flops = B * (2 * 134.5 M  +  30 layers * 4 * L * 9 heads * 64)                   (matmuls + attention)
     bound = B / max(bytes / bandwidth, flops / peak)   tokens/s
-Writes bench/results/roofline.md and roofline.json (bench/peers/report.py reads the latter).
+Writes bench/results/<stem>.md and <stem>.json, stem `roofline` unless --stem (bench/peers/report.py reads
+the latter).
 """
 
 from __future__ import annotations
@@ -27,8 +28,24 @@ import time
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT_MD = os.path.join(ROOT, "bench", "results", "roofline.md")
-OUT_JSON = os.path.join(ROOT, "bench", "results", "roofline.json")
+RESULTS = os.path.join(ROOT, "bench", "results")
+
+
+def cpu_model() -> str:
+    """This CPU's model name and its bf16/AMX/AVX-512 flags as /proc/cpuinfo gives them (results name their machine)."""
+    name, flags = "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                if key.strip() == "model name" and name == "unknown CPU":
+                    name = val.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(val.split())
+    except OSError:
+        pass
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"{name} ({', '.join(isa) or 'no AVX2'})"
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB = 30, 576, 9, 3, 64, 1536, 49152
 LAYER_PARAMS = 2 * HIDDEN * HIDDEN + 2 * HIDDEN * KV_HEADS * HEAD_DIM + 3 * HIDDEN * MLP
@@ -97,7 +114,8 @@ def markdown(m: dict, threads: int) -> str:
         "# Roofline of this machine for SmolLM2-135M (`bench/roofline.py`)",
         "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, torch {torch.__version__}, "
-        f"{threads} threads, median of 5. `python bench/roofline.py --threads {threads} --write-results`",
+        f"{threads} threads, median of 5, on {cpu_model()}. "
+        f"`python bench/roofline.py --threads {threads} --write-results`",
         "",
         "| measurement | value |",
         "|---|---:|",
@@ -133,15 +151,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--write-results", action="store_true")
+    ap.add_argument("--stem", default="roofline",
+                    help="results file names: bench/results/<stem>.md and .json (one per machine kind)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     m = measure()
     md = markdown(m, args.threads)
     print(md)
     if args.write_results:
-        with open(OUT_JSON, "w") as f:
-            json.dump({"threads": args.threads, **m}, f, indent=1)
-        with open(OUT_MD, "w") as f:
+        with open(os.path.join(RESULTS, args.stem + ".json"), "w") as f:
+            json.dump({"threads": args.threads, "cpu": cpu_model(), **m}, f, indent=1)
+        with open(os.path.join(RESULTS, args.stem + ".md"), "w") as f:
             f.write(md)
 
 

@@ -112,6 +112,8 @@ def main() -> None:
     ap.add_argument("--reading", default=os.path.join(RESULTS, "peers-reading.md"),
                     help="hand-written reading appended to the report ('' for none)")
     ap.add_argument("--png", default=os.path.join(RESULTS, "peers.png"), help="the concurrency plot ('' for none)")
+    ap.add_argument("--roofline", default=os.path.join(RESULTS, "roofline.json"),
+                    help="bench/roofline.py's json for this machine")
     args = ap.parse_args()
     with open(args.json) as f:
         doc = json.load(f)
@@ -121,7 +123,7 @@ def main() -> None:
     for r in doc["runs"]:
         if r["workload"] not in seen:
             seen.append(r["workload"])
-    roof_path = os.path.join(RESULTS, "roofline.json")
+    roof_path = args.roofline
     roof = None
     if os.path.exists(roof_path):
         with open(roof_path) as f:
@@ -159,7 +161,8 @@ def main() -> None:
     roof_lines = roofline_lines(med, roof, dtype)
     if len(roof_lines) != 2:  # header only: no workload of this run has a bound
         lines += [
-            f"## Roofline (radixgen, {dtype}; bounds from bench/results/roofline.md, see its date)",
+            f"## Roofline (radixgen, {dtype}; bounds from {os.path.relpath(args.roofline, ROOT)} (.md beside it), "
+            f"measured on {(roof or {}).get('cpu', 'an unnamed CPU')})",
             "",
             *roof_lines,
             "",
