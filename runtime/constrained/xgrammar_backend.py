@@ -8,6 +8,10 @@ first passes `schema.check_keywords` with XGRAMMAR_KEYWORDS: anything else is re
 was measured on JSONSchemaBench's MaskBench cases (tests/runtime/test_constrained_jsonschemabench.py): with it,
 no invalid instance is accepted.
 
+xgrammar 0.2.9 compiles a schema `pattern` with an optional group holding a repetition wrongly: for
+`^P([0-9]+Y)?$` it lets "P1" end the string. The bounded form `(...){0,1}` compiles right, so every schema
+`pattern` passes `optional_groups_bounded` first (`Grammar.from_regex`, the regex kind, has no such bug).
+
 Vocabulary: `TokenizerInfo` over our raw token bytes (VocabType.RAW: bytes as they are), special tokens as empty
 strings (never emitted), EOS ids as stop tokens. Compile runs on the backend's compile thread (xgrammar's
 compiler releases the GIL); requests get a fresh `GrammarMatcher` over the shared `CompiledGrammar`.
@@ -88,12 +92,59 @@ def _refuse_combinations(schema: dict | bool) -> None:
         stack.extend(subschemas(s))
 
 
+def optional_groups_bounded(pattern: str) -> str:
+    """`(...)?` -> `(...){0,1}` (same language; see the module docstring). Only a `?` right after the `)` that
+    closes a group: not after an escaped `\\)` or a `)` inside a character class, and a lazy `?` after a
+    quantifier (the second `?` of `(a)??`, `+?`, `*?`, `}?`) or the `?` of an opener like `(?:` is left as it is.
+    A `]` first in a class (`[]...]`, `[^]...]`) is taken as a literal, as Python's `re` and PCRE read it."""
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    in_class = False
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i:i + 2])  # the escape and what it escapes
+            i += 2
+            continue
+        out.append(c)
+        i += 1
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            if pattern.startswith("^", i):
+                out.append("^")
+                i += 1
+            if pattern.startswith("]", i):  # a leading `]` is part of the class
+                out.append("]")
+                i += 1
+        elif c == ")" and pattern.startswith("?", i):
+            out.append("{0,1}")
+            i += 1  # a lazy `?` after it stays, on the next turn, as a plain character
+    return "".join(out)
+
+
+def _bound_optional_groups(schema: dict | bool) -> dict | bool:
+    """In place: every subschema's string `pattern` through optional_groups_bounded (a property named
+    "pattern", or a "pattern" key in an enum/const value, is not a subschema's keyword and stays)."""
+    if not isinstance(schema, dict):
+        return schema
+    stack: list[dict] = [schema]
+    while stack:
+        s = stack.pop()
+        if isinstance(s.get("pattern"), str):
+            s["pattern"] = optional_groups_bounded(s["pattern"])
+        stack.extend(subschemas(s))
+    return schema
+
+
 def _check_schema(spec: str, cfg: GrammarConfig) -> dict | bool:
     schema = parse_schema(spec)
     check_keywords(schema, XGRAMMAR_KEYWORDS, XGRAMMAR_FORMATS, "xgrammar", lengths_with_patterns=False)
     _refuse_combinations(schema)
     # formats=False: xgrammar ignores a maxLength next to a format
-    return bound_runaway_values(schema, formats=False, closed_objects=not cfg.json_allow_extra_properties)
+    schema = bound_runaway_values(schema, formats=False, closed_objects=not cfg.json_allow_extra_properties)
+    return _bound_optional_groups(schema)
 
 
 def _json_kwargs(cfg: GrammarConfig) -> dict:

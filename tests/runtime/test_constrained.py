@@ -511,3 +511,111 @@ def test_objects_with_listed_properties_are_closed_by_default(backend, tok) -> N
         cfg = GrammarConfig(grammar_backend=backend.name, json_allow_extra_properties=True)
         with GrammarBackend.from_tokenizer(tok, cfg, num_workers=1) as open_be:
             assert open_be.compile_blocking("json_schema", spec).can_accept(extra)
+
+
+def _xgrammar_backend_module():
+    pytest.importorskip("xgrammar")
+    from runtime.constrained import xgrammar_backend
+
+    return xgrammar_backend
+
+
+# (pattern, what optional_groups_bounded makes of it, sample strings: re.fullmatch agrees on each, and the samples
+# hold at least one match and one non-match)
+OPTIONAL_GROUPS = [
+    (r"^P([0-9]+Y)?$", r"^P([0-9]+Y){0,1}$", ["P", "P1", "P1Y", "P12Y", "PY", "P1Y1Y"]),
+    (r"P(a+b)?(c+d)?Z", r"P(a+b){0,1}(c+d){0,1}Z", ["PZ", "PaZ", "PabZ", "PcdZ", "PabcdZ", "PabcZ", "PcdabZ"]),
+    (r"P(x(a+b)?y)?Z", r"P(x(a+b){0,1}y){0,1}Z", ["PZ", "PxyZ", "PxayZ", "PxabyZ", "PxZ", "PabZ"]),
+    (r"^[0-9]{5}(-[0-9]{4})?$", r"^[0-9]{5}(-[0-9]{4}){0,1}$", ["12345", "12345-", "12345-123", "12345-1234"]),
+    # non-capturing and named groups: the `?` after `(` stays
+    (r"(?:ab)?c", r"(?:ab){0,1}c", ["c", "abc", "ac", "ababc"]),
+    (r"(?P<y>[0-9]+Y)?(?P<m>[0-9]+M)?", r"(?P<y>[0-9]+Y){0,1}(?P<m>[0-9]+M){0,1}", ["", "1Y", "2M", "1Y2M", "2M1Y"]),
+    (r"(?=a)(ab)?a?", r"(?=a)(ab){0,1}a?", ["a", "ab", "aba", "", "b"]),
+    # escaped parens are literals; an escaped backslash before a real `)` is not an escape of it
+    (r"\(a\)?", r"\(a\)?", ["(a", "(a)", "a", "(a))"]),
+    (r"(\(a\))?b", r"(\(a\)){0,1}b", ["b", "(a)b", "ab", "(a)"]),
+    (r"(\\)?x", r"(\\){0,1}x", ["x", "\\x", "\\\\x", "\\"]),
+    # `)` inside a character class (also escaped `]`, a leading `]`, a negated class) is a literal
+    (r"[)]?a", r"[)]?a", ["a", ")a", "))a"]),
+    (r"(a[)(])?b", r"(a[)(]){0,1}b", ["b", "a)b", "a(b", "ab", "a)"]),
+    (r"([\])]x)?y", r"([\])]x){0,1}y", ["y", "]xy", ")xy", "xy", "]y"]),
+    (r"([]a)]x)?y", r"([]a)]x){0,1}y", ["y", "]xy", "axy", ")xy", "bxy"]),
+    (r"([^)]+)?!", r"([^)]+){0,1}!", ["!", "ab!", "a)!", ")!"]),
+    (r"([^])]z)?!", r"([^])]z){0,1}!", ["!", "az!", "]z!", ")z!"]),
+    # lazy quantifiers: a `?` after another quantifier stays
+    (r"(a)??b", r"(a){0,1}?b", ["b", "ab", "aab"]),
+    (r"(ab)+?c", r"(ab)+?c", ["abc", "ababc", "c", "abac"]),
+    (r"(ab)*?c", r"(ab)*?c", ["c", "ababc", "ac"]),
+    (r"(ab){1,2}?c", r"(ab){1,2}?c", ["abc", "ababc", "abababc", "c"]),
+    (r"a+?b*?c??", r"a+?b*?c??", ["a", "abc", "aac", "b"]),
+    # already bounded, and `?` on single atoms: unchanged
+    (r"(ab){0,1}c", r"(ab){0,1}c", ["c", "abc", "ababc"]),
+    (r"a?[0-9]?\d?", r"a?[0-9]?\d?", ["", "a", "a1", "a12", "12", "b"]),
+    (r"()?x", r"(){0,1}x", ["x", "xx"]),
+    (r"^P(?!$)(\d+Y)?(\d+M)?(\d+D)?(T(?=\d)(\d+H)?(\d+M)?(\d+S)?)?$",
+     r"^P(?!$)(\d+Y){0,1}(\d+M){0,1}(\d+D){0,1}(T(?=\d)(\d+H){0,1}(\d+M){0,1}(\d+S){0,1}){0,1}$",
+     ["P", "P1Y", "P1Y2M3D", "PT1H", "PT", "P1", "P1YT", "P1DT2H30M5S", "P2M1Y"]),
+]
+
+
+@pytest.mark.parametrize(("pattern", "bounded", "samples"), OPTIONAL_GROUPS, ids=[p for p, _, _ in OPTIONAL_GROUPS])
+def test_optional_groups_bounded_rewrites_only_optional_groups(pattern, bounded, samples) -> None:
+    xgb = _xgrammar_backend_module()
+    assert xgb.optional_groups_bounded(pattern) == bounded
+    assert xgb.optional_groups_bounded(bounded) == bounded  # idempotent
+    verdicts = [bool(re.fullmatch(pattern, s)) for s in samples]
+    assert verdicts == [bool(re.fullmatch(bounded, s)) for s in samples]
+    assert True in verdicts and False in verdicts, "samples that do not tell the two regexes apart"
+
+
+def test_xgrammar_schema_patterns_bounded_everywhere_but_not_in_values() -> None:
+    """Every subschema's `pattern` is rewritten (properties, items, $defs, anyOf); a property named "pattern" and
+    a "pattern" key inside an enum value are data, not patterns."""
+    xgb = _xgrammar_backend_module()
+    opt, bounded = "^(a+b)?$", "^(a+b){0,1}$"
+    schema = {"type": "object", "$defs": {"d": {"type": "string", "pattern": opt}},
+              "properties": {"pattern": {"type": "string", "pattern": opt},
+                             "list": {"type": "array", "items": {"type": "string", "pattern": opt}},
+                             "ref": {"$ref": "#/$defs/d"},
+                             "either": {"anyOf": [{"type": "string", "pattern": opt}, {"type": "null"}]},
+                             "value": {"enum": [{"pattern": opt}, "x"]}}}
+    out = xgb._check_schema(json.dumps(schema), GrammarConfig(grammar_backend="xgrammar"))
+    props = out["properties"]
+    assert out["$defs"]["d"]["pattern"] == bounded
+    assert props["pattern"]["pattern"] == bounded and props["list"]["items"]["pattern"] == bounded
+    assert props["either"]["anyOf"][0]["pattern"] == bounded
+    assert props["value"]["enum"] == [{"pattern": opt}, "x"]
+
+
+def _accepts_whole(g: Grammar, tok, text: str) -> bool:
+    ids = tok.encode(text, add_special_tokens=False, allow_special=False)
+    state = g.copy()
+    if not state.can_accept(ids):
+        return False
+    state.accept_tokens(ids)
+    return state.is_accepting()
+
+
+def test_xgrammar_optional_group_pattern_is_enforced(tok) -> None:
+    """xgrammar 0.2.9 compiled the schema pattern `^P([0-9]+Y)?$` so that "P1" could end the string (a 200
+    response failing jsonschema); optional_groups_bounded hands it `([0-9]+Y){0,1}`, which it compiles right."""
+    _xgrammar_backend_module()
+    cfg = GrammarConfig(grammar_backend="xgrammar", grammar_compile_timeout=SLACK_TIMEOUT)
+    duration = {"type": "string", "pattern": "^P([0-9]+Y)?$"}
+    nested = {"type": "object", "properties": {"d": {"$ref": "#/$defs/dur"}}, "required": ["d"],
+              "$defs": {"dur": {"type": "string", "pattern": "^P(x(a+b)?y)?$"}}}
+    with GrammarBackend.from_tokenizer(tok, cfg, num_workers=1) as be:
+        g = be.compile_blocking("json_schema", json.dumps(duration))
+        assert isinstance(g, Grammar), g
+        for value in ("P1", "P12", "PY", "P1Y1Y"):
+            assert not _accepts_whole(g, tok, json.dumps(value)), value
+        for value in ("P1Y", "P", "P12Y"):
+            assert _accepts_whole(g, tok, json.dumps(value)), value
+        g = be.compile_blocking("json_schema", json.dumps(nested))
+        assert isinstance(g, Grammar), g
+        for value, ok in (("P", True), ("Pxy", True), ("Pxaby", True), ("Pxay", False), ("Px", False)):
+            assert _accepts_whole(g, tok, json.dumps({"d": value}, separators=(",", ":"))) == ok, value
+            assert bool(re.fullmatch(r"P(x(a+b)?y)?", value)) == ok
+        # the regex kind goes through xgrammar's regex converter, which has no such bug (not rewritten)
+        g = be.compile_blocking("regex", "P([0-9]+Y)?")
+        assert not _accepts_whole(g, tok, "P1") and _accepts_whole(g, tok, "P1Y") and _accepts_whole(g, tok, "P")
