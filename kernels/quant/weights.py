@@ -18,41 +18,50 @@ ops with meta kernels, so torch.compile traces them (fullgraph).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kernels.quant import rtn
 
-CPU_ACT = torch.bfloat16  # activation dtype of the CPU weight-only kernels
-CPU_INT4_BLOCK_N = 64  # output rows per block of the CPU int4 layout
-# From this many rows on (prefill), the CPU path dequantizes the weight to bfloat16 for the call and runs a dense
-# GEMM: torch's weight-only kernels cost time linear in the rows (a GEMV loop; ~10x a dense bf16 GEMM at
+# Activation dtype of the CPU weight-only kernels, whatever the model's dtype: torch's int4/int8 CPU kernels take
+# a slow path for float32 activations (18x / 6x slower on an AVX2 EPYC, no native bf16: a 1536x576 int4 call at
+# 1 row 1.7 vs 0.094 ms, the int8 lm_head 13.5 vs 2.3 ms).
+CPU_ACT = torch.bfloat16
+# From this many rows on (prefill), the CPU path dequantizes the weight to the activations' dtype for the call and
+# runs a dense GEMM: torch's weight-only kernels cost time linear in the rows (a GEMV loop; ~10x a dense bf16 GEMM at
 # 1024 rows), while dequantizing costs one pass over the weight (bench/quant_kernels.py measures both).
-# With a kept bfloat16 copy (keep_dense_copies) the crossover is the copy's own, much lower threshold.
+# With a kept copy (keep_dense_copies) the crossover is the copy's own, much lower threshold.
 CPU_DENSE_MIN_ROWS = 256
 
 
 class QuantWeight(nn.Module):
     """Base: out_features N, in_features K; forward(x [..., K]) -> [..., N] in x.dtype.
 
-    CPU layouts may also hold `dense`, a bfloat16 copy [N, K] of the dequantized weight (keep_dense_copies):
-    calls with at least `dense_min_rows` rows then run one dense GEMM on it, fewer rows the quantized kernel."""
+    CPU layouts may also hold `dense`, a copy [N, K] of the dequantized weight in the model's dtype
+    (keep_dense_copies): calls with at least `dense_min_rows` rows then run one dense GEMM on it in that dtype,
+    fewer rows the quantized kernel."""
 
     out_features: int
     in_features: int
     dense: torch.Tensor | None
     dense_min_rows: int = CPU_DENSE_MIN_ROWS
 
-    def dense_bf16(self) -> torch.Tensor:
-        """The weight dequantized to bfloat16 [N, K] (CPU layout)."""
+    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight dequantized to `dtype` [N, K] (CPU layout; the arithmetic runs in `dtype`)."""
         raise NotImplementedError
 
-    def _dense_for(self, rows: int) -> torch.Tensor | None:
-        """The bfloat16 weight to multiply `rows` rows by densely, or None for the quantized kernel."""
-        if rows < self.dense_min_rows:
+    def _dense_mm(self, x: torch.Tensor) -> torch.Tensor | None:
+        """x [M, K] @ W^T as one dense GEMM from `dense_min_rows` rows on: on the kept copy (in its dtype), else
+        on a dequantization for this call in x's dtype (float32 or bfloat16); None below (the quantized kernel)."""
+        if x.shape[0] < self.dense_min_rows:
             return None
-        return self.dense if self.dense is not None else self.dense_bf16()
+        w = self.dense
+        if w is None:
+            w = self.dense_weight(x.dtype if x.dtype in (torch.float32, torch.bfloat16) else CPU_ACT)
+        return F.linear(x.to(w.dtype), w).to(x.dtype)
 
     def dequantize(self) -> torch.Tensor:
         """The weight the kernel multiplies by, float32 [N, K] (the tests' reference)."""
@@ -84,6 +93,7 @@ class Int4Weight(QuantWeight):
         self.out_features, self.in_features = n, k
         self.group = k // scale.shape[1]
         self.cuda_layout = _is_cuda(device) if triton is None else triton
+        self.unpackable = False  # CPU layout of whole blocks: codes() and dense_weight() can unpack it
         if self.cuda_layout:
             from kernels.quant.triton_mm import pack_int4_rows
 
@@ -94,6 +104,7 @@ class Int4Weight(QuantWeight):
             if self.group not in (32, 64, 128, 256) or k % 2:
                 raise ValueError(f"CPU int4 kernel needs group 32/64/128/256 and even K, got G={self.group} K={k}")
             packed = torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
+            self.unpackable = n % cpu_int4_block_n() == 0
             self.register_buffer("packed", packed)  # [N, K / 2] uint8, blocked layout
             sz = torch.stack([scale.float().t(), zero.float().t()], dim=-1)  # [K / G, N, 2]
             self.register_buffer("scale_zero", sz.to(CPU_ACT).contiguous())
@@ -121,16 +132,16 @@ class Int4Weight(QuantWeight):
             from kernels.quant.triton_mm import INT4, dequant_mm
 
             return dequant_mm(x.contiguous(), self.packed, self.scale, self.zero, INT4, self.out_features)
-        w = self._dense_for(x.shape[0]) if self.out_features % CPU_INT4_BLOCK_N == 0 else None
-        if w is not None:
-            return F.linear(x.to(CPU_ACT), w).to(x.dtype)
+        y = self._dense_mm(x) if self.unpackable else None
+        if y is not None:
+            return y
         y = torch._weight_int4pack_mm_for_cpu(x.to(CPU_ACT), self.packed, self.group, self.scale_zero)
         return y.to(x.dtype)
 
-    def dense_bf16(self) -> torch.Tensor:
+    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         n, k = self.out_features, self.in_features
-        codes = unpack_cpu_int4(self.packed, n, k).reshape(n, k // self.group, self.group).to(CPU_ACT)
-        sz = self.scale_zero.transpose(0, 1)  # [N, K / G, 2]
+        codes = unpack_cpu_int4(self.packed, n, k).reshape(n, k // self.group, self.group).to(dtype)
+        sz = self.scale_zero.transpose(0, 1).to(dtype)  # [N, K / G, 2]
         return torch.addcmul(sz[..., 1:], codes - 8, sz[..., :1]).reshape(n, k)
 
 
@@ -154,17 +165,17 @@ class Int8Weight(QuantWeight):
     def dequantize(self) -> torch.Tensor:
         return rtn.dequantize_scaled(self.codes.cpu(), self.scale.float().cpu())
 
-    def dense_bf16(self) -> torch.Tensor:
-        return self.codes.to(CPU_ACT) * self.scale
+    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        return self.codes.to(dtype) * self.scale.to(dtype)
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         if self.cuda_layout:
             from kernels.quant.triton_mm import INT8, dequant_mm
 
             return dequant_mm(x.contiguous(), self.codes, self.scale, None, INT8, self.out_features)
-        w = self._dense_for(x.shape[0])
-        if w is not None:
-            return F.linear(x.to(CPU_ACT), w).to(x.dtype)
+        y = self._dense_mm(x)
+        if y is not None:
+            return y
         return torch._weight_int8pack_mm(x.to(CPU_ACT), self.codes, self.scale[:, 0]).to(x.dtype)
 
 
@@ -190,18 +201,19 @@ class Fp8Weight(QuantWeight):
         return dequant_mm(x.contiguous(), self.bits, self.scale, None, FP8, self.out_features)
 
 
-def keep_dense_copies(model: nn.Module, min_rows: int) -> int:
-    """Give every CPU-layout Int4/Int8 weight of `model` a bfloat16 copy used from `min_rows` rows per call on
-    (decode batches of that size and prefill run one dense GEMM; smaller batches the weight-only kernels, which
-    read 2-4x fewer bytes). Returns the bytes added. The copy is a buffer, so a compiled forward freezes and
-    prepacks it like a dense weight. Copies of the exact dequantized values (bf16 scales, integer codes:
-    (q - 8) * s + z rounded once to bf16 as in the per-call path)."""
+def keep_dense_copies(model: nn.Module, min_rows: int, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Give every CPU-layout Int4/Int8 weight of `model` a copy in `dtype` (the model's) used from `min_rows` rows
+    per call on (decode batches of that size and prefill run one dense GEMM; smaller batches the weight-only
+    kernels, which read 2-4x fewer bytes). Returns the bytes added. The copy is a buffer, so a compiled forward
+    freezes and prepacks it like a dense weight. Copies of the exact dequantized values (bf16 scales, integer
+    codes: (q - 8) * s + z computed in `dtype`, as the per-call path does for activations of that dtype).
+    float32 copies are for CPUs without native bf16, where a bf16 GEMM is 5-12x slower than a float32 one."""
     added = 0
     for m in model.modules():
         if isinstance(m, (Int4Weight, Int8Weight)) and not m.cuda_layout:
-            if isinstance(m, Int4Weight) and m.out_features % CPU_INT4_BLOCK_N:
+            if isinstance(m, Int4Weight) and not m.unpackable:
                 continue  # no unpack for this layout: the int4 kernel at every batch size
-            m.dense = m.dense_bf16().contiguous()
+            m.dense = m.dense_weight(dtype).contiguous()
             m.dense_min_rows = min_rows
             added += m.dense.numel() * m.dense.element_size()
     return added
@@ -213,13 +225,33 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def unpack_cpu_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """Inverse of torch._convert_weight_to_int4pack_for_cpu for N % 64 == 0: [N, K / 2] -> codes [N, K]."""
-    if n % CPU_INT4_BLOCK_N:
-        raise ValueError(f"CPU int4 unpack needs N % {CPU_INT4_BLOCK_N} == 0, got {n}")
-    b = packed.reshape(n // CPU_INT4_BLOCK_N, k, CPU_INT4_BLOCK_N // 2)  # [blocks, K, 32]
-    both = torch.stack([b & 0xF, b >> 4], dim=1)  # [blocks, 2, K, 32]: rows i and i + 32 of the block
+def _unpack_blocks(packed: torch.Tensor, n: int, k: int, block: int) -> torch.Tensor:
+    b = packed.reshape(n // block, k, block // 2)  # [blocks, K, block / 2]
+    both = torch.stack([b & 0xF, b >> 4], dim=1)  # [blocks, 2, K, block / 2]: rows i and i + block / 2
     return both.permute(0, 1, 3, 2).reshape(n, k)
+
+
+@functools.cache
+def cpu_int4_block_n() -> int:
+    """Output rows per block of torch's CPU int4 layout on this machine: the kernel torch dispatches to packs
+    blocks of 4 vectors of floats (64 rows with AVX-512, 32 with AVX2), so the layout depends on the CPU. Found
+    once by packing random codes and unpacking them under each candidate."""
+    n, k = 128, 8
+    codes = torch.randint(0, 16, (n, k), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
+    for block in (64, 32, 16):
+        if torch.equal(_unpack_blocks(packed, n, k, block).to(torch.int32), codes):
+            return block
+    raise RuntimeError("torch's CPU int4 weight layout is none of the known ones (blocks of 64, 32 or 16 rows)")
+
+
+def unpack_cpu_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """Inverse of torch._convert_weight_to_int4pack_for_cpu for N % cpu_int4_block_n() == 0: [N, K / 2] ->
+    codes [N, K]. Block b of B rows is [K, B / 2] bytes; byte (j, i) holds rows i (low nibble) and i + B / 2."""
+    block = cpu_int4_block_n()
+    if n % block:
+        raise ValueError(f"CPU int4 unpack needs N % {block} == 0, got {n}")
+    return _unpack_blocks(packed, n, k, block)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor | QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -169,27 +169,31 @@ def test_triton_dequant_mm_matches_reference(m: int, n: int, k: int, group: int,
     torch.testing.assert_close(qw(x).cpu(), ref, rtol=0, atol=1e-5 * ref.abs().max().item())
 
 
-def test_kept_dense_copies_dispatch_by_rows_and_equal_the_per_call_dequant() -> None:
-    """keep_dense_copies: each CPU int4/int8 weight gets a bf16 copy equal to its per-call dequantization; calls
-    with >= min_rows rows run on it (same result as the per-call dense path), fewer rows the quantized kernel
-    (same result as without a copy); the bytes added are 2 per parameter; weights it cannot unpack are left."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+def test_kept_dense_copies_dispatch_by_rows_and_equal_the_per_call_dequant(dtype) -> None:
+    """keep_dense_copies: each CPU int4/int8 weight gets a copy in the model's dtype equal to its per-call
+    dequantization for activations of that dtype; calls with >= min_rows rows run on it (same result as the
+    per-call dense path), fewer rows the quantized kernel (same result as without a copy); the bytes added are
+    2 (bf16) or 4 (float32) per parameter; weights it cannot unpack are left."""
     from kernels.quant import keep_dense_copies
 
     g = torch.Generator().manual_seed(9)
     w = torch.randn(128, 256, generator=g) * 0.05
     model = torch.nn.ModuleList([to_kernel(quantize(w, "int4", 32), "cpu"), to_kernel(quantize(w, "int8", 0), "cpu"),
-                                 to_kernel(quantize(w[:96], "int4", 32), "cpu")])  # N = 96: no unpack
-    x1, x8 = torch.randn(1, 256, generator=g), torch.randn(8, 256, generator=g)
-    before = [(linear(x1, m), linear(x8, m)) for m in model]
-    assert keep_dense_copies(model, 8) == 2 * 2 * 128 * 256
+                                 to_kernel(quantize(w[:80], "int4", 32), "cpu")])  # N = 80: no unpack
+    x1, x8, x300 = (torch.randn(n, 256, generator=g).to(dtype) for n in (1, 8, 300))
+    before = [(linear(x1, m), linear(x8, m), linear(x300, m)) for m in model]
+    size = torch.empty((), dtype=dtype).element_size()
+    assert keep_dense_copies(model, 8, dtype) == 2 * size * 128 * 256
     w4, w8, odd = model
-    assert odd.dense is None and w4.dense.dtype == w8.dense.dtype == torch.bfloat16
-    assert torch.equal(w4.dense, w4.dense_bf16()) and torch.equal(w8.dense, w8.dense_bf16())
-    for m, (y1, y8) in zip(model, before, strict=True):
+    assert odd.dense is None and w4.dense.dtype == w8.dense.dtype == dtype
+    assert torch.equal(w4.dense, w4.dense_weight(dtype)) and torch.equal(w8.dense, w8.dense_weight(dtype))
+    for m, (y1, y8, y300) in zip(model, before, strict=True):
         assert torch.equal(linear(x1, m), y1)  # 1 row: the quantized kernel, as before
         if m.dense is not None:
-            assert torch.equal(linear(x8, m), torch.nn.functional.linear(x8.bfloat16(), m.dense).float())
-            _assert_bf16_close(linear(x8, m), y8)
+            assert torch.equal(linear(x8, m), torch.nn.functional.linear(x8, m.dense))
+            assert torch.equal(linear(x300, m), y300)  # the per-call dense path computed the same GEMM
+            _assert_bf16_close(linear(x8, m).float(), y8.float())  # vs the quantized kernel (bf16 activations)
     assert "dense" in dict(w4.named_buffers())  # a buffer: compiled forwards freeze and prepack it
 
 
