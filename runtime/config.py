@@ -22,8 +22,9 @@ class ModelConfig:
     served_model_name: str | None = None
     """Model name reported by the API (default: derived from the model path)."""
     dtype: str = "auto"
-    """Weights and activations dtype: auto, float32 or bfloat16 (auto: bfloat16 on CUDA, on CPUs with native
-    bf16, avx512_bf16 or amx_bf16 in /proc/cpuinfo, and for quantized weights on CPU; float32 otherwise)."""
+    """Weights and activations dtype: auto, float32 or bfloat16 (auto: bfloat16 on CUDA and on CPUs with native
+    bf16, avx512_bf16 or amx_bf16 in /proc/cpuinfo; float32 otherwise, where a bf16 GEMM is 5-12x slower than a
+    float32 one; quantized CPU weights' own kernels take bf16 activations either way)."""
     quantization: str = "auto"
     """Weight quantization: auto, none, int8, int4 or fp8 (weight-only; norms, biases and the embedding stay
     float, the lm_head is int8, fp8 under fp8). auto: a GGUF on CPU keeps its Q4_0/Q4_1/Q4_K linears as int4 and
@@ -34,10 +35,10 @@ class ModelConfig:
     """Inputs per scale for round-to-nearest int4 on load: 32, 64, 128 or 256 (GGUF Q4 blocks are always 32)."""
     quantization_dense_rows: int = 8
     """CPU, int4/int8 weights: calls with at least this many rows (decode batches of this size, prefill) run a
-    dense bfloat16 GEMM on a bf16 copy kept beside each quantized weight, fewer rows the weight-only kernels
-    (they read 2-4x fewer bytes, so they win alone; torch's CPU ones loop over rows, so a dense GEMM wins at
-    batch: bench/results/quant_serving.md). The copies cost 2 bytes per parameter. 0: no copies (prefill then
-    dequantizes each weight per call)."""
+    dense GEMM in the model's dtype on a copy kept beside each quantized weight, fewer rows the weight-only
+    kernels (they read 2-4x fewer bytes, so they win alone; torch's CPU ones loop over rows, so a dense GEMM wins
+    at batch: bench/results/quant_serving.md). The copies cost 2 (bfloat16) or 4 (float32) bytes per parameter.
+    0: no copies (prefill then dequantizes each weight per call)."""
     device: str = "auto"
     """Device to run on: auto, cpu or cuda."""
     context_length: int | None = None
@@ -284,7 +285,7 @@ def resolve(cfg: Config) -> Config:
     if cfg.parallel.tp_size > 1 and model.quantization == "auto":
         model = dataclasses.replace(model, quantization="none")  # shards are cut from dense weights
     if model.dtype == "auto":
-        bf16 = model.device == "cuda" or cpu_has_native_bf16() or model.quantization != "none"
+        bf16 = model.device == "cuda" or cpu_has_native_bf16()
         model = dataclasses.replace(model, dtype="bfloat16" if bf16 else "float32")
     if model.attention_backend == "auto" and model.device == "cuda":  # CPU auto: kernels.create_attn_backend
         import importlib.util

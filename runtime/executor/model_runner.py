@@ -70,13 +70,14 @@ class ModelRunner:
             reduce = tensor_parallel.all_reduce_sum()
         self.arch: ModelArch = arch
         self.model = LlamaForCausalLM(arch, weights, self.device, self.dtype, reduce=reduce)
-        self.dense_copy_bytes = 0  # bf16 copies of quantized weights for batched calls (--quantization-dense-rows)
+        self.dense_copy_bytes = 0  # copies of quantized weights for batched calls (--quantization-dense-rows)
         if self.device.type == "cpu" and mc.quantization_dense_rows > 0:
-            self.dense_copy_bytes = quant.keep_dense_copies(self.model, mc.quantization_dense_rows)
+            self.dense_copy_bytes = quant.keep_dense_copies(self.model, mc.quantization_dense_rows, self.dtype)
         self.weights_bytes = self.model.weights_nbytes()  # everything the weights hold, copies included
         log.info("weights: %.1f MB on %s (quantization %s: %s)%s", self.weights_bytes / 2**20, self.device,
                  mc.quantization, quantized,
-                 f", of which {self.dense_copy_bytes / 2**20:.1f} MB bf16 copies for calls of >= "
+                 f", of which {self.dense_copy_bytes / 2**20:.1f} MB {str(self.dtype).removeprefix('torch.')} "
+                 f"copies for calls of >= "
                  f"{mc.quantization_dense_rows} rows" if self.dense_copy_bytes else "")
         self.vocab_size = arch.vocab_size
         self.eos_token_ids = read_eos_ids(self.model_path)
