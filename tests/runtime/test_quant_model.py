@@ -21,12 +21,17 @@ def _resolved(**kw):
     return resolve(make_config(device="cpu", **kw)).model
 
 
-def test_resolve_quantization_defaults() -> None:
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_resolve_quantization_defaults(native_bf16, monkeypatch) -> None:
+    from runtime import config
+
+    monkeypatch.setattr(config, "cpu_has_native_bf16", lambda: native_bf16)
+    want = "bfloat16" if native_bf16 else "float32"  # the model's dtype follows the CPU, quantized or not
     m = _resolved()
-    assert (m.quantization, m.dtype) == ("auto", "bfloat16")  # the default GGUF keeps its blocks
+    assert (m.quantization, m.dtype) == ("auto", want)  # the default GGUF keeps its blocks
     assert _resolved(dtype="float32").quantization == "none"  # exact float runs stay float
     assert _resolved(model_path="/some/hf_dir").quantization == "none"
-    assert _resolved(model_path="/some/hf_dir", quantization="int4").dtype == "bfloat16"
+    assert _resolved(model_path="/some/hf_dir", quantization="int4").dtype == want
     with pytest.raises(ValueError, match="fp8 needs CUDA"):
         _resolved(quantization="fp8")
     with pytest.raises(ValueError, match="unknown --quantization"):
@@ -49,15 +54,19 @@ def test_quantized_smollm_answers_paris(mode: str, smollm_path, smollm_runner, h
     rounding of the f16 scales (auto) or half an int8 step (int8); greedy decoding still answers Paris."""
     runner = create_model_runner(make_config(model_path=smollm_path, max_total_tokens=512, quantization=mode),
                                  progress=False)
-    assert runner.dtype == torch.bfloat16
+    from runtime.config import cpu_has_native_bf16
+
+    assert runner.dtype == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
     ref = smollm_runner.model.layers[3].w_qkv.float()
     w = runner.model.layers[3].w_qkv
     assert isinstance(w, quant.Int4Weight if mode == "auto" else quant.Int8Weight)
     err = (w.dequantize() - ref).abs().max().item()
     assert err <= (2**-8 if mode == "auto" else 2**-6) * ref.abs().max().item(), err
-    # the quantized weights read by a batch-1 step; batched calls use bf16 copies (--quantization-dense-rows)
+    # the quantized weights read by a batch-1 step; batched calls use copies in the model's dtype
+    # (--quantization-dense-rows); smollm_runner is the float32 model
     assert runner.weights_bytes - runner.dense_copy_bytes < smollm_runner.weights_bytes / 3
-    assert 0 < runner.dense_copy_bytes <= smollm_runner.weights_bytes / 2  # at most bf16 of every weight
+    share = runner.dtype.itemsize / torch.float32.itemsize
+    assert 0 < runner.dense_copy_bytes <= smollm_runner.weights_bytes * share  # at most every weight, once
     out = greedy_generate(runner, [_paris_prompt(hf_smollm)], 12, runner.eos_token_ids)[0]
     assert "Paris" in hf_smollm[1].decode(out)
 
