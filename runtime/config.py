@@ -23,13 +23,14 @@ class ModelConfig:
     """Model name reported by the API (default: derived from the model path)."""
     dtype: str = "auto"
     """Weights and activations dtype: auto, float32 or bfloat16 (auto: bfloat16 on CUDA and on CPUs with native
-    bf16, avx512_bf16 or amx_bf16 in /proc/cpuinfo; float32 otherwise, where a bf16 GEMM is 5-12x slower than a
-    float32 one; quantized CPU weights' own kernels take bf16 activations either way)."""
+    bf16, avx512_bf16 or amx_bf16 in /proc/cpuinfo; float32 otherwise, where torch's bf16 matmul is many times
+    slower than its float32 one, bench/results/roofline-zen3.md; quantized CPU weights' own kernels take bf16
+    activations either way)."""
     quantization: str = "auto"
-    """Weight quantization: auto, none, int8, int4 or fp8 (weight-only; norms, biases and the embedding stay
-    float, the lm_head is int8, fp8 under fp8). auto: a GGUF on CPU keeps its Q4_0/Q4_1/Q4_K linears as int4 and
-    Q8_0 as int8, same codes, other tensor types dense; none for safetensors, on CUDA and when --dtype float32
-    is given. int4/int8 also quantize float weights on load (round-to-nearest; int4 per group, int8 per output
+    """Weight quantization: auto, gguf, none, int8, int4 or fp8 (weight-only; norms, biases and the embedding stay
+    float, the lm_head is int8, fp8 under fp8). gguf: a GGUF keeps its Q4_0/Q4_1/Q4_K linears as int4 and Q8_0
+    as int8, same codes, other tensor types dense. auto: gguf for a GGUF on CPU; none for safetensors, on CUDA
+    and when --dtype float32 is given (resolved once, at start-up, to gguf or none). int4/int8 also quantize float weights on load (round-to-nearest; int4 per group, int8 per output
     channel); fp8 (e4m3 per channel) needs CUDA."""
     quantization_group_size: int = 32
     """Inputs per scale for round-to-nearest int4 on load: 32, 64, 128 or 256 (GGUF Q4 blocks are always 32)."""
@@ -213,7 +214,7 @@ class ParallelConfig:
     """Tensor parallel: shard the model's attention heads and MLP over this many ranks (processes of this
     server joined by torch.distributed, gloo on CPU, NCCL on CUDA); it must divide the model's query heads,
     key/value heads and intermediate size (SmolLM2-135M: 1 or 3). Dense weights only (quantization auto
-    becomes none). Each rank gets num_threads // tp_size threads."""
+    resolves to none; gguf is refused). Each rank gets num_threads // tp_size threads."""
     dist_init_addr: str | None = None
     """host:port where the tensor-parallel ranks meet (default: 127.0.0.1 and a free port; with --nnodes > 1
     required: an address of node 0 that every node reaches)."""
@@ -282,8 +283,10 @@ def resolve(cfg: Config) -> Config:
 
         model = dataclasses.replace(model, device="cuda" if torch.cuda.is_available() else "cpu")
     model = dataclasses.replace(model, quantization=_resolve_quantization(model))
-    if cfg.parallel.tp_size > 1 and model.quantization == "auto":
-        model = dataclasses.replace(model, quantization="none")  # shards are cut from dense weights
+    if cfg.parallel.tp_size > 1 and model.quantization == "gguf":  # shards are cut from dense weights
+        if cfg.model.quantization == "gguf":
+            raise ValueError("--quantization gguf cannot run with --tp-size > 1 (shards are cut from dense weights)")
+        model = dataclasses.replace(model, quantization="none")
     if model.dtype == "auto":
         bf16 = model.device == "cuda" or cpu_has_native_bf16()
         model = dataclasses.replace(model, dtype="bfloat16" if bf16 else "float32")
@@ -342,11 +345,12 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-QUANTIZATION_MODES = ("auto", "none", "int8", "int4", "fp8")
+QUANTIZATION_MODES = ("auto", "gguf", "none", "int8", "int4", "fp8")
 
 
 def _resolve_quantization(model: ModelConfig) -> str:
-    """auto -> auto (keep a GGUF's own quantized blocks, on CPU) or none; explicit modes validated."""
+    """auto -> gguf (keep a GGUF's own quantized blocks, on CPU) or none, never auto again, so resolving a
+    resolved config (as every child process does) changes nothing; explicit modes validated."""
     q = model.quantization
     if q not in QUANTIZATION_MODES:
         raise ValueError(f"unknown --quantization {q!r} (one of {', '.join(QUANTIZATION_MODES)})")
@@ -359,5 +363,5 @@ def _resolve_quantization(model: ModelConfig) -> str:
     if q == "auto":
         is_gguf = model.model_path is None or model.model_path.endswith(".gguf")  # default model: a GGUF
         exact = model.dtype in ("float32", "float64", "float16")
-        return "auto" if is_gguf and model.device == "cpu" and not exact else "none"
+        return "gguf" if is_gguf and model.device == "cpu" and not exact else "none"
     return q

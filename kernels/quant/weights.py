@@ -27,8 +27,8 @@ from torch import nn
 from kernels.quant import rtn
 
 # Activation dtype of the CPU weight-only kernels, whatever the model's dtype: torch's int4/int8 CPU kernels take
-# a slow path for float32 activations (18x / 6x slower on an AVX2 EPYC, no native bf16: a 1536x576 int4 call at
-# 1 row 1.7 vs 0.094 ms, the int8 lm_head 13.5 vs 2.3 ms).
+# a slow path for float32 activations (measured once on an AVX2 EPYC without native bf16: a 1536x576 int4 call
+# at 1 row 1.7 vs 0.094 ms, the int8 lm_head 13.5 vs 2.3 ms).
 CPU_ACT = torch.bfloat16
 # From this many rows on (prefill), the CPU path dequantizes the weight to the activations' dtype for the call and
 # runs a dense GEMM: torch's weight-only kernels cost time linear in the rows (a GEMV loop; ~10x a dense bf16 GEMM at
@@ -207,7 +207,7 @@ def keep_dense_copies(model: nn.Module, min_rows: int, dtype: torch.dtype = torc
     kernels, which read 2-4x fewer bytes). Returns the bytes added. The copy is a buffer, so a compiled forward
     freezes and prepacks it like a dense weight. Copies of the exact dequantized values (bf16 scales, integer
     codes: (q - 8) * s + z computed in `dtype`, as the per-call path does for activations of that dtype).
-    float32 copies are for CPUs without native bf16, where a bf16 GEMM is 5-12x slower than a float32 one."""
+    float32 copies are for CPUs without native bf16, where torch's bf16 GEMM is many times slower than float32."""
     added = 0
     for m in model.modules():
         if isinstance(m, (Int4Weight, Int8Weight)) and not m.cuda_layout:

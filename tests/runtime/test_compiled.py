@@ -187,4 +187,4 @@ def test_auto_dtype_is_bf16_only_on_cpus_with_native_bf16(tmp_path, monkeypatch)
         # the default GGUF keeps its quantized blocks either way (their kernels take bf16 activations on any CPU);
         # the model's dtype, and its dense copies', follow the CPU
         default = config.resolve(config.make_config(device="cpu")).model
-        assert default.dtype == want and default.quantization == "auto"
+        assert default.dtype == want and default.quantization == "gguf"

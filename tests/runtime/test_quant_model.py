@@ -28,7 +28,9 @@ def test_resolve_quantization_defaults(native_bf16, monkeypatch) -> None:
     monkeypatch.setattr(config, "cpu_has_native_bf16", lambda: native_bf16)
     want = "bfloat16" if native_bf16 else "float32"  # the model's dtype follows the CPU, quantized or not
     m = _resolved()
-    assert (m.quantization, m.dtype) == ("auto", want)  # the default GGUF keeps its blocks
+    assert (m.quantization, m.dtype) == ("gguf", want)  # the default GGUF keeps its blocks
+    again = resolve(make_config(**resolve(make_config(device="cpu")).to_dict()))  # as a child process does
+    assert again.model == m
     assert _resolved(dtype="float32").quantization == "none"  # exact float runs stay float
     assert _resolved(model_path="/some/hf_dir").quantization == "none"
     assert _resolved(model_path="/some/hf_dir", quantization="int4").dtype == want
