@@ -30,8 +30,9 @@ class ModelConfig:
     """Weight quantization: auto, gguf, none, int8, int4 or fp8 (weight-only; norms, biases and the embedding stay
     float, the lm_head is int8, fp8 under fp8). gguf: a GGUF keeps its Q4_0/Q4_1/Q4_K linears as int4 and Q8_0
     as int8, same codes, other tensor types dense. auto: gguf for a GGUF on CPU; none for safetensors, on CUDA
-    and when --dtype float32 is given (resolved once, at start-up, to gguf or none). int4/int8 also quantize float weights on load (round-to-nearest; int4 per group, int8 per output
-    channel); fp8 (e4m3 per channel) needs CUDA."""
+    and when --dtype float32 is given (resolved once, at start-up, to gguf or none). int4/int8 also quantize
+    float weights on load (round-to-nearest; int4 per group, int8 per output channel); fp8 (e4m3 per channel)
+    needs CUDA."""
     quantization_group_size: int = 32
     """Inputs per scale for round-to-nearest int4 on load: 32, 64, 128 or 256 (GGUF Q4 blocks are always 32)."""
     quantization_dense_rows: int = 8

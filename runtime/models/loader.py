@@ -46,7 +46,8 @@ def load_weights(
     path: str, dtype: torch.dtype, progress: bool = True, quantization: str = "none", group: int = 32
 ) -> tuple[ModelArch, dict[str, Weight]]:
     """Load a .gguf file or an HF model directory; tensors cast to `dtype` (norm weights kept float32),
-    quantized weights as QTensor per runtime.models.quant_policy under `quantization` (auto/none/int8/int4/fp8)."""
+    quantized weights as QTensor per runtime.models.quant_policy under `quantization` (a resolved mode:
+    gguf/none/int8/int4/fp8)."""
     if path.endswith(".gguf"):
         return _load_gguf(path, dtype, progress, quantization, group)
     if os.path.isdir(path):

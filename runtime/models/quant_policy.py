@@ -5,7 +5,7 @@ name. Output: the tensor to put in the state dict, a float tensor or a kernels.q
 device later, by the model). Rules:
   linears (q/k/v/o, gate/up/down)
     gguf  GGUF Q4_0/Q4_1/Q4_K -> int4 (same codes, group 32), Q8_0 -> int8 (same codes); other types dense
-          (what auto resolves to for a GGUF on CPU; the loader takes auto as gguf too)
+          (what --quantization auto resolves to for a GGUF on CPU; the loader sees resolved modes only)
     int4  as gguf, and every other linear round-to-nearest int4 (group --quantization-group-size)
     int8  Q8_0 kept; every other linear (4-bit GGUF values included) round-to-nearest int8 per channel
     fp8   every linear e4m3 per output channel (CUDA)
@@ -35,9 +35,6 @@ def is_quantizable(name: str) -> bool:
     return bool(LINEAR.fullmatch(name)) or name in (EMBED, LM_HEAD)
 
 
-KEEP = ("gguf", "auto")  # modes that keep a GGUF's own blocks and quantize nothing else
-
-
 def gguf_tensor(name: str, raw: np.ndarray, kind: str, mode: str, group: int) -> QTensor | None:
     """A GGUF tensor of a kept kind (raw block bytes [N, row_bytes]) under `mode`, or None when the caller
     should dequantize it and go through `dense_tensor` (not quantizable, mode none, or a kind not kept)."""
@@ -48,14 +45,14 @@ def gguf_tensor(name: str, raw: np.ndarray, kind: str, mode: str, group: int) ->
         return kept if kept.kind == "int8" else None
     if name == LM_HEAD:
         return _head(kept, None, mode)
-    if mode in (*KEEP, "int4") or (mode == "int8" and kept.kind == "int8"):
+    if mode in ("gguf", "int4") or (mode == "int8" and kept.kind == "int8"):
         return kept
     return quantize(kept.dequantize(), mode, group)
 
 
 def dense_tensor(name: str, w: torch.Tensor, mode: str, group: int) -> torch.Tensor | QTensor:
     """A float tensor (safetensors, or a GGUF type that is not kept) quantized on load under `mode`."""
-    if mode in ("none", *KEEP) or not is_quantizable(name) or name == EMBED:
+    if mode in ("none", "gguf") or not is_quantizable(name) or name == EMBED:
         return w
     if name == LM_HEAD:
         return _head(None, w, mode)
@@ -64,7 +61,7 @@ def dense_tensor(name: str, w: torch.Tensor, mode: str, group: int) -> torch.Ten
 
 def tied_head(embed: torch.Tensor | QTensor, mode: str) -> torch.Tensor | QTensor | None:
     """The lm_head of a tied model under `mode`: None means "reuse the dense embedding"."""
-    if mode == "none" or (mode in KEEP and not isinstance(embed, QTensor)):
+    if mode == "none" or (mode == "gguf" and not isinstance(embed, QTensor)):
         return None
     if isinstance(embed, QTensor):
         return _head(embed, None, mode)
