@@ -114,6 +114,31 @@ inline float softmax_to(const float* s, int vis, float scale, float old_max, T* 
   }
   *sum += _mm512_reduce_add_ps(acc);
   return mx;
+#elif defined(__AVX2__) && defined(__FMA__)
+  float mx = old_max;
+  {
+    __m256 mv = _mm256_set1_ps(NEG_INF);
+    int j = 0;
+    for (; j + 8 <= vis; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + j));
+    mx = std::max(mx, hmax8(mv) * scale);
+    for (; j < vis; ++j) mx = std::max(mx, s[j] * scale);
+  }
+  const __m256 mxv = _mm256_set1_ps(mx), scv = _mm256_set1_ps(scale);
+  __m256 acc = _mm256_setzero_ps();
+  alignas(32) float e8[8];
+  for (int j = 0; j < NB; j += 8) {
+    __m256 e = exp_neg8(_mm256_fmsub_ps(_mm256_loadu_ps(s + j), scv, mxv));
+    if (j + 8 > vis) e = _mm256_and_ps(e, tail_mask8(vis - j));  // keys past vis (and pad keys) weigh 0
+    acc = _mm256_add_ps(acc, e);
+    if constexpr (std::is_same_v<T, float>) {
+      _mm256_storeu_ps(p + j, e);
+    } else {
+      _mm256_store_ps(e8, e);
+      for (int x = 0; x < 8; ++x) p[j + x] = f32_to_bf16(e8[x]);
+    }
+  }
+  *sum += hsum8(acc);
+  return mx;
 #else
   float mx = old_max;
   for (int j = 0; j < vis; ++j) mx = std::max(mx, s[j] * scale);

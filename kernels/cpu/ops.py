@@ -44,6 +44,10 @@ def load() -> None:
                      seq_lens, shared_len, scale):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
+    @torch.library.register_fake("radixgen::linear_panels")
+    def _linear_fake(x, panels):
+        return x.new_empty((x.shape[0], panels.shape[0] * panels.shape[2]))
+
     @torch.library.register_fake("radixgen::attn_extend")
     def _extend_fake(q, k, v, k_cache, v_cache, layer, out_cache_loc, req_to_token, req_pool_indices,
                      prefix_lens, extend_lens, shared_len, scale):
@@ -77,6 +81,36 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for gate_up [T, 2I] (gate first) -> [T, I]."""
     return torch.ops.radixgen.silu_mul(gate_up)
+
+
+PANEL = 16  # output columns per panel of linear_panels (kernels/cpu/linear.cpp)
+
+
+def panels_preferred() -> bool:
+    """Whether float32 linears should run on packed panels (linear_panels) here: CPUs with AVX2 + FMA and no
+    AVX-512, where the panel kernel beats MKL's float32 GEMM at every measured row count
+    (bench/results/linear_cpu-zen3.md); AVX-512 machines keep oneDNN/MKL (not measured against it there)."""
+    flags = set(build.cpu_flags().split())
+    return {"avx2", "fma"} <= flags and "avx512f" not in flags
+
+
+def pack_panels(w: torch.Tensor) -> torch.Tensor:
+    """A float32 weight [N, K] (N % 16 == 0) -> panels [N / 16, K, 16], panels[p, k, j] = w[16 p + j, k]."""
+    n, k = w.shape
+    if n % PANEL:
+        raise ValueError(f"pack_panels: N must be a multiple of {PANEL}, got {n}")
+    return w.float().reshape(n // PANEL, PANEL, k).transpose(1, 2).contiguous()
+
+
+def unpack_panels(panels: torch.Tensor) -> torch.Tensor:
+    """Inverse of pack_panels: [N / 16, K, 16] -> [N, K]."""
+    p, k, j = panels.shape
+    return panels.transpose(1, 2).reshape(p * j, k)
+
+
+def linear_panels(x: torch.Tensor, panels: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float32 @ W^T -> [M, N] on W packed by pack_panels (call load() first)."""
+    return torch.ops.radixgen.linear_panels(x, panels)
 
 
 def bf16_attn_gemm(mode: str = "auto") -> str:

@@ -40,8 +40,8 @@ CPU_DENSE_MIN_ROWS = 256
 class QuantWeight(nn.Module):
     """Base: out_features N, in_features K; forward(x [..., K]) -> [..., N] in x.dtype.
 
-    CPU layouts may also hold `dense`, a copy [N, K] of the dequantized weight in the model's dtype
-    (keep_dense_copies): calls with at least `dense_min_rows` rows then run one dense GEMM on it in that dtype,
+    CPU layouts may also hold `dense`, a copy [N, K] of the dequantized weight in the model's dtype, or float32
+    panels [N / 16, K, 16] of it (keep_dense_copies): calls with at least `dense_min_rows` rows then run one dense GEMM on it in that dtype,
     fewer rows the quantized kernel."""
 
     out_features: int
@@ -61,6 +61,10 @@ class QuantWeight(nn.Module):
         w = self.dense
         if w is None:
             w = self.dense_weight(x.dtype if x.dtype in (torch.float32, torch.bfloat16) else CPU_ACT)
+        elif w.dim() == 3:  # float32 panels (keep_dense_copies on an AVX2 CPU)
+            from kernels.cpu import ops
+
+            return ops.linear_panels(x.float(), w).to(x.dtype)
         return F.linear(x.to(w.dtype), w).to(x.dtype)
 
     def dequantize(self) -> torch.Tensor:
@@ -207,13 +211,22 @@ def keep_dense_copies(model: nn.Module, min_rows: int, dtype: torch.dtype = torc
     kernels, which read 2-4x fewer bytes). Returns the bytes added. The copy is a buffer, so a compiled forward
     freezes and prepacks it like a dense weight. Copies of the exact dequantized values (bf16 scales, integer
     codes: (q - 8) * s + z computed in `dtype`, as the per-call path does for activations of that dtype).
-    float32 copies are for CPUs without native bf16, where torch's bf16 GEMM is many times slower than float32."""
+    float32 copies are for CPUs without native bf16, where torch's bf16 GEMM is many times slower than float32;
+    on CPUs with AVX2 and no AVX-512 they are packed in column panels for kernels/cpu/linear.cpp, which runs
+    float32 linears about twice as fast as MKL at decode batch sizes there (bench/results/linear_cpu-zen3.md)."""
+    from kernels.cpu import ops
+
+    panels = dtype == torch.float32 and ops.panels_preferred()
+    if panels:
+        ops.load()
     added = 0
     for m in model.modules():
         if isinstance(m, (Int4Weight, Int8Weight)) and not m.cuda_layout:
             if isinstance(m, Int4Weight) and not m.unpackable:
                 continue  # no unpack for this layout: the int4 kernel at every batch size
             m.dense = m.dense_weight(dtype).contiguous()
+            if dtype == torch.float32 and panels and m.out_features % ops.PANEL == 0:
+                m.dense = ops.pack_panels(m.dense)  # [N / 16, K, 16]: linear_panels beats MKL here
             m.dense_min_rows = min_rows
             added += m.dense.numel() * m.dense.element_size()
     return added
