@@ -24,17 +24,20 @@ from kernels.quant.weights import (
     Fp8Weight,
     Int4Weight,
     Int8Weight,
+    PanelWeight,
     QuantWeight,
     keep_dense_copies,
     linear,
+    pack_dense_panels,
     weight_nbytes,
 )
 
 MODES = ("none", "int8", "int4", "fp8")
 
 __all__ = [
-    "MODES", "Fp8Weight", "Int4Weight", "Int8Weight", "QTensor", "QuantEmbedding", "QuantWeight",
-    "cat_rows", "embedding", "from_gguf", "keep_dense_copies", "linear", "quantize", "to_kernel", "weight_nbytes",
+    "MODES", "Fp8Weight", "Int4Weight", "Int8Weight", "PanelWeight", "QTensor", "QuantEmbedding", "QuantWeight",
+    "cat_rows", "embedding", "from_gguf", "keep_dense_copies", "linear", "pack_dense_panels", "quantize",
+    "to_kernel", "weight_nbytes",
 ]
 
 

@@ -232,6 +232,49 @@ def keep_dense_copies(model: nn.Module, min_rows: int, dtype: torch.dtype = torc
     return added
 
 
+class PanelWeight(nn.Module):
+    """A dense float32 weight [N, K] held only as column panels [N / 16, K, 16] (a buffer) for the panel kernel of
+    kernels/cpu/linear.cpp: dense float32 models on CPUs where it beats MKL (kernels.cpu.ops.panels_preferred).
+    forward(x [..., K]) -> [..., N] in x's dtype, computed in float32."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        super().__init__()
+        from kernels.cpu import ops
+
+        ops.load()
+        self.out_features, self.in_features = w.shape
+        self.register_buffer("panels", ops.pack_panels(w.detach()))
+
+    def dequantize(self) -> torch.Tensor:
+        from kernels.cpu import ops
+
+        return ops.unpack_panels(self.panels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from kernels.cpu import ops
+
+        shape = x.shape
+        y = ops.linear_panels(x.reshape(-1, shape[-1]).float(), self.panels).to(x.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+def pack_dense_panels(model: nn.Module, names: tuple[str, ...]) -> int:
+    """Replace each dense float32 weight attribute in `names` of `model`'s submodules (frozen Parameters [N, K],
+    N % 16 == 0) with a PanelWeight; returns how many. A weight shared with another use (a tied lm_head is also
+    the embedding table) gets its own panels and the original stays for that use. Call on CPUs where
+    kernels.cpu.ops.panels_preferred()."""
+    n = 0
+    for m in list(model.modules()):
+        for name in names:
+            w = m._parameters.get(name)
+            if w is None or w.dtype != torch.float32 or w.dim() != 2 or w.shape[0] % 16 or w.device.type != "cpu":
+                continue
+            del m._parameters[name]
+            setattr(m, name, PanelWeight(w))
+            n += 1
+    return n
+
+
 def _interpreted() -> bool:
     import os
 

@@ -25,6 +25,7 @@ import logging
 import torch
 
 from kernels import create_attn_backend, quant
+from kernels.cpu import ops as cpu_ops
 from runtime.config import Config, resolve
 from runtime.env import load_env
 from runtime.executor import tp
@@ -35,7 +36,7 @@ from runtime.executor.memory import KVPool, ReqToTokenTable, SlotAllocator, gpu_
 from runtime.executor.staging import upload
 from runtime.models import tensor_parallel
 from runtime.models.arch import ModelArch
-from runtime.models.llama import LlamaForCausalLM
+from runtime.models.llama import LINEAR_WEIGHTS, LlamaForCausalLM
 from runtime.models.loader import load_weights, read_eos_ids
 from runtime.models.quant_policy import describe as describe_quantized
 from runtime.models.registry import resolve_model_path
@@ -73,12 +74,16 @@ class ModelRunner:
         self.dense_copy_bytes = 0  # copies of quantized weights for batched calls (--quantization-dense-rows)
         if self.device.type == "cpu" and mc.quantization_dense_rows > 0:
             self.dense_copy_bytes = quant.keep_dense_copies(self.model, mc.quantization_dense_rows, self.dtype)
+        self.panel_weights = 0  # dense float32 linears held as column panels (kernels/cpu/linear.cpp)
+        if self.device.type == "cpu" and self.dtype == torch.float32 and cpu_ops.panels_preferred():
+            self.panel_weights = quant.pack_dense_panels(self.model, LINEAR_WEIGHTS)
         self.weights_bytes = self.model.weights_nbytes()  # everything the weights hold, copies included
-        log.info("weights: %.1f MB on %s (quantization %s: %s)%s", self.weights_bytes / 2**20, self.device,
+        log.info("weights: %.1f MB on %s (quantization %s: %s)%s%s", self.weights_bytes / 2**20, self.device,
                  mc.quantization, quantized,
                  f", of which {self.dense_copy_bytes / 2**20:.1f} MB {str(self.dtype).removeprefix('torch.')} "
                  f"copies for calls of >= "
-                 f"{mc.quantization_dense_rows} rows" if self.dense_copy_bytes else "")
+                 f"{mc.quantization_dense_rows} rows" if self.dense_copy_bytes else "",
+                 f", {self.panel_weights} dense float32 linears in column panels" if self.panel_weights else "")
         self.vocab_size = arch.vocab_size
         self.eos_token_ids = read_eos_ids(self.model_path)
         self.context_len = min(mc.context_length or arch.max_position, arch.max_position)

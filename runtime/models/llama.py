@@ -99,6 +99,10 @@ def _cat(parts: list[Weight]) -> Weight:
     return torch.cat(parts, dim=0).contiguous()
 
 
+# The linear weights of the model (layers and head), by attribute name: what a runner may repack for its kernels.
+LINEAR_WEIGHTS = ("w_qkv", "w_o", "w_gate_up", "w_down", "lm_head")
+
+
 class LlamaLayer(nn.Module):
     def __init__(self, w: dict[str, Weight], i: int, arch: ModelArch, device: torch.device) -> None:
         super().__init__()

@@ -51,3 +51,30 @@ def test_linear_panels_compiles_as_an_opaque_op() -> None:
     x = torch.randn(4, 32)
     fn = torch.compile(lambda a: ops.linear_panels(a, p) * 2, fullgraph=True, dynamic=False)
     torch.testing.assert_close(fn(x), ops.linear_panels(x, p) * 2)
+
+
+def test_pack_dense_panels_replaces_float32_linears_and_keeps_a_tied_table() -> None:
+    from kernels.quant import PanelWeight, linear, pack_dense_panels
+
+    g = torch.Generator().manual_seed(5)
+
+    class Toy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Parameter(torch.randn(64, 32, generator=g), requires_grad=False)
+            self.lm_head = self.embed  # tied, as SmolLM2's
+            self.w_o = torch.nn.Parameter(torch.randn(48, 32, generator=g), requires_grad=False)
+            self.w_odd = torch.nn.Parameter(torch.randn(40, 32, generator=g), requires_grad=False)  # N % 16 != 0
+            self.w_bf16 = torch.nn.Parameter(torch.randn(32, 32, generator=g).bfloat16(), requires_grad=False)
+
+    toy = Toy()
+    x = torch.randn(5, 32, generator=g)
+    want = {n: linear(x, getattr(toy, n)) for n in ("lm_head", "w_o", "w_odd")}
+    assert pack_dense_panels(toy, ("lm_head", "w_o", "w_odd", "w_bf16")) == 2
+    assert isinstance(toy.lm_head, PanelWeight) and isinstance(toy.w_o, PanelWeight)
+    assert isinstance(toy.embed, torch.nn.Parameter) and toy.embed.shape == (64, 32)  # the table stays
+    assert isinstance(toy.w_odd, torch.nn.Parameter) and toy.w_bf16.dtype == torch.bfloat16
+    for n, y in want.items():
+        torch.testing.assert_close(linear(x, getattr(toy, n)), y, rtol=1e-5, atol=1e-5)
+    assert torch.equal(toy.lm_head.dequantize(), toy.embed)
+    assert "panels" in dict(toy.w_o.named_buffers())  # a buffer: compiled forwards see module state
