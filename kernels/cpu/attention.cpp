@@ -208,6 +208,18 @@ struct Rows {
         }
       }
     } else
+#elif defined(__AVX2__) && defined(__FMA__)
+    if (std::is_same_v<R, float> && Mh <= SMALL_M && d % 8 == 0) {  // float32 K read in place, 8 keys per pass
+      const float* krow[BLK];
+      for (int h = 0; h < H; ++h) {
+        for (int j = 0; j < nb; ++j) krow[j] = reinterpret_cast<const float*>(kbase + int64_t(slot[j]) * rs) + h * d;
+        for (int mm = 0; mm < Mh; ++mm) {
+          const int m = h * Mh + mm;
+          for (int j = 0; j < nb; j += 8)
+            scores8(sc.q.data() + size_t(m) * d, krow + j, std::min(8, nb - j), d, s + m * BLK + j);
+        }
+      }
+    } else
 #endif
     if (Mh <= SMALL_M) {  // kb [BLK, H*D]: dot products
       for (int j = 0; j < nb; ++j) to_f32(kbase + int64_t(slot[j]) * rs, kb + j * hd, hd);
@@ -248,11 +260,30 @@ struct Rows {
       if (vis <= 0) continue;
       float* sm = s + m * BLK;
       const float alpha = softmax_row(m, sm, vis);
+      float* om = sc.o.data() + size_t(m) * d;
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+      if constexpr (std::is_same_v<R, float> && DT % 8 == 0 && DT > 0 && DT <= 128) {  // V rows read in place
+        constexpr int NV = DT / 8;
+        __m256 acc[NV];
+        const __m256 av = _mm256_set1_ps(alpha);
+#pragma GCC unroll 16
+        for (int c = 0; c < NV; ++c) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(om + 8 * c), av);
+        const float* vh0 = vbase + (m / Mh) * DT;
+        for (int j = 0; j < vis; ++j) {
+          const __m256 pv = _mm256_set1_ps(sm[j]);
+          const float* vj = vh0 + int64_t(slot[j]) * rs;
+#pragma GCC unroll 16
+          for (int c = 0; c < NV; ++c) acc[c] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vj + 8 * c), acc[c]);
+        }
+#pragma GCC unroll 16
+        for (int c = 0; c < NV; ++c) _mm256_storeu_ps(om + 8 * c, acc[c]);
+        continue;
+      }
+#endif
       if (!v_loaded) {
         for (int j = 0; j < nb; ++j) to_f32(vbase + int64_t(slot[j]) * rs, vb + j * hd, hd);
         v_loaded = true;
       }
-      float* om = sc.o.data() + size_t(m) * d;
       const float* vh = vb + (m / Mh) * d;
       if (DT) {
         float acc[DT ? DT : 1];

@@ -129,6 +129,39 @@ inline __m256 tail_mask8(int r) {  // all-ones in lanes [0, r), zeros elsewhere 
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(r), lanes));
 }
+
+// Horizontal sums of 8 vectors at once: lane i of the result is the sum of v[i]'s 8 lanes.
+inline __m256 reduce8(const __m256* v) {
+  // hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7]: after two levels the low 128 bits
+  // hold v0..v3 summed over lanes 0-3 (b0) or v4..v7 (b1), the high 128 bits the same over lanes 4-7.
+  const __m256 b0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 b1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+}
+
+// Float32 scores of one query row against up to 8 keys read in place: out[j] = dot(q, krow[j]) for j < n,
+// d % 8 == 0 (q already scaled). The 8 accumulators stay in registers; one transposed reduction per 8 keys.
+inline void scores8(const float* q, const float* const* krow, int n, int d, float* out) {
+  const float* k[8];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) k[j] = krow[j < n ? j : 0];  // pad lanes read key 0 again; not stored
+  __m256 acc[8];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+  for (int x = 0; x < d; x += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + x);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[j] + x), acc[j]);
+  }
+  const __m256 r = reduce8(acc);
+  if (n == 8) {
+    _mm256_storeu_ps(out, r);
+  } else {
+    alignas(32) float tmp[8];
+    _mm256_store_ps(tmp, r);
+    for (int j = 0; j < n; ++j) out[j] = tmp[j];
+  }
+}
 #endif
 
 #if defined(__AVX512F__)
@@ -258,6 +291,26 @@ inline float softmax_block(float* s, int n, float old_max, float* sum) {
     acc = _mm512_add_ps(acc, p);
   }
   *sum += _mm512_reduce_add_ps(acc);
+  return mx;
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 mv = _mm256_set1_ps(old_max);
+  int j = 0;
+  for (; j + 8 <= n; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + j));
+  float mx = hmax8(mv);
+  for (; j < n; ++j) mx = std::max(mx, s[j]);
+  const __m256 mxv = _mm256_set1_ps(mx);
+  __m256 acc = _mm256_setzero_ps();
+  for (j = 0; j + 8 <= n; j += 8) {
+    const __m256 p = exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mxv));
+    _mm256_storeu_ps(s + j, p);
+    acc = _mm256_add_ps(acc, p);
+  }
+  float tail = 0.0f;
+  for (; j < n; ++j) {
+    s[j] = exp_neg(s[j] - mx);
+    tail += s[j];
+  }
+  *sum += hsum8(acc) + tail;
   return mx;
 #else
   float mx = old_max;
