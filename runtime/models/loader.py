@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from kernels.quant import QTensor
+from runtime import gguf_file
 from runtime.models import quant_policy
 from runtime.models.arch import ModelArch
 
@@ -117,7 +118,7 @@ def _load_gguf(
 ) -> tuple[ModelArch, dict[str, Weight]]:
     import gguf
 
-    reader = gguf.GGUFReader(path)
+    reader = gguf_file.reader(path)
     arch = gguf_arch(reader)
     weights: dict[str, Weight] = {}
     for t in tqdm(reader.tensors, desc="Loading GGUF", disable=not progress, unit="tensor"):
@@ -212,10 +213,7 @@ def read_model_type(path: str) -> tuple[str | None, list[str] | None]:
     """(model_type, architectures) as Hugging Face names them: config.json's fields, or for a GGUF file its
     `general.architecture` and the matching HF class name (None where the file does not say)."""
     if path.endswith(".gguf"):
-        import gguf
-
-        fields = gguf.GGUFReader(path).fields
-        arch = fields["general.architecture"].contents() if "general.architecture" in fields else None
+        arch = gguf_file.metadata(path).get("general.architecture")
         return arch, ([_GGUF_HF_ARCH[arch]] if arch in _GGUF_HF_ARCH else None)
     file = os.path.join(path, "config.json")
     if not os.path.exists(file):
@@ -229,11 +227,9 @@ def read_eos_ids(path: str) -> frozenset[int]:
     """EOS ids the model declares: GGUF metadata, or config.json joined with generation_config.json."""
     ids: set[int] = set()
     if path.endswith(".gguf"):
-        import gguf
-
-        fields = gguf.GGUFReader(path).fields
-        if "tokenizer.ggml.eos_token_id" in fields:
-            ids.add(int(fields["tokenizer.ggml.eos_token_id"].contents()))
+        eos = gguf_file.metadata(path).get("tokenizer.ggml.eos_token_id")
+        if eos is not None:
+            ids.add(int(eos))
         return frozenset(ids)
     for name in ("config.json", "generation_config.json"):
         file = os.path.join(path, name)

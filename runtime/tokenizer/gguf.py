@@ -87,10 +87,9 @@ def _byte_level_pre_tokenizer(pre: str | None) -> tuple[pre_tokenizers.PreTokeni
 
 
 def _read_gguf_tokenizer_metadata(path: str) -> dict[str, Any]:
-    from gguf import GGUFReader
+    from runtime import gguf_file
 
-    reader = GGUFReader(path)
-    return {key: fld.contents() for key, fld in reader.fields.items()
+    return {key: v for key, v in gguf_file.metadata(path).items()
             if key.startswith("tokenizer.") or key == "general.architecture"}
 
 

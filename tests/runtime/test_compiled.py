@@ -14,7 +14,7 @@ import logging
 import pytest
 import torch
 
-from runtime.config import make_config
+from runtime.config import cpu_has_native_bf16, make_config
 from runtime.executor.forward_batch import ForwardBatch
 from runtime.executor.greedy import OfflineBatch, greedy_generate
 from runtime.executor.model_runner import create_model_runner
@@ -141,8 +141,10 @@ def test_compile_failure_warns_once_and_serves_eagerly(tiny_path, monkeypatch, c
     assert greedy_generate(runner, prompts, 8) == greedy_generate(eager, prompts, 8)
 
 
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="bf16 is not the default dtype on a CPU without native bf16 "
+                    "(torch emulates it there: ~45 s for this test); the tiny model's bf16 buckets still run")
 def test_smollm2_bf16_compiled_bucket_close_to_eager(smollm_path):
-    """One real-model bucket (bs 1) in bf16, the default dtype on this CPU, judged against float32.
+    """One real-model bucket (bs 1) in bf16, the default dtype on CPUs with native bf16, judged against float32.
 
     bf16 forwards drift from float32 over 30 layers by where they round: the compiled graph (inductor fusing
     kernels.ref's row ops) keeps fused intermediates in float32, the eager reference ops round each op's result
