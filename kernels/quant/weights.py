@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.cpu import ops as cpu_ops  # the panel kernel of float32 linears on AVX2 CPUs (compiles nothing)
 from kernels.quant import rtn
 
 # Activation dtype of the CPU weight-only kernels, whatever the model's dtype: torch's int4/int8 CPU kernels take
@@ -41,8 +42,8 @@ class QuantWeight(nn.Module):
     """Base: out_features N, in_features K; forward(x [..., K]) -> [..., N] in x.dtype.
 
     CPU layouts may also hold `dense`, a copy [N, K] of the dequantized weight in the model's dtype, or float32
-    panels [N / 16, K, 16] of it (keep_dense_copies): calls with at least `dense_min_rows` rows then run one dense GEMM on it in that dtype,
-    fewer rows the quantized kernel."""
+    panels [N / 16, K, 16] of it (keep_dense_copies): calls with at least `dense_min_rows` rows then run one
+    dense GEMM on it in that dtype, fewer rows the quantized kernel."""
 
     out_features: int
     in_features: int
@@ -62,9 +63,7 @@ class QuantWeight(nn.Module):
         if w is None:
             w = self.dense_weight(x.dtype if x.dtype in (torch.float32, torch.bfloat16) else CPU_ACT)
         elif w.dim() == 3:  # float32 panels (keep_dense_copies on an AVX2 CPU)
-            from kernels.cpu import ops
-
-            return ops.linear_panels(x.float(), w).to(x.dtype)
+            return cpu_ops.linear_panels(x.float(), w).to(x.dtype)
         return F.linear(x.to(w.dtype), w).to(x.dtype)
 
     def dequantize(self) -> torch.Tensor:
@@ -214,19 +213,17 @@ def keep_dense_copies(model: nn.Module, min_rows: int, dtype: torch.dtype = torc
     float32 copies are for CPUs without native bf16, where torch's bf16 GEMM is many times slower than float32;
     on CPUs with AVX2 and no AVX-512 they are packed in column panels for kernels/cpu/linear.cpp, which runs
     float32 linears about twice as fast as MKL at decode batch sizes there (bench/results/linear_cpu-zen3.md)."""
-    from kernels.cpu import ops
-
-    panels = dtype == torch.float32 and ops.panels_preferred()
+    panels = dtype == torch.float32 and cpu_ops.panels_preferred()
     if panels:
-        ops.load()
+        cpu_ops.load()
     added = 0
     for m in model.modules():
         if isinstance(m, (Int4Weight, Int8Weight)) and not m.cuda_layout:
             if isinstance(m, Int4Weight) and not m.unpackable:
                 continue  # no unpack for this layout: the int4 kernel at every batch size
             m.dense = m.dense_weight(dtype).contiguous()
-            if dtype == torch.float32 and panels and m.out_features % ops.PANEL == 0:
-                m.dense = ops.pack_panels(m.dense)  # [N / 16, K, 16]: linear_panels beats MKL here
+            if panels and m.out_features % cpu_ops.PANEL == 0:
+                m.dense = cpu_ops.pack_panels(m.dense)  # [N / 16, K, 16]: linear_panels beats MKL here
             m.dense_min_rows = min_rows
             added += m.dense.numel() * m.dense.element_size()
     return added
@@ -239,22 +236,16 @@ class PanelWeight(nn.Module):
 
     def __init__(self, w: torch.Tensor) -> None:
         super().__init__()
-        from kernels.cpu import ops
-
-        ops.load()
+        cpu_ops.load()
         self.out_features, self.in_features = w.shape
-        self.register_buffer("panels", ops.pack_panels(w.detach()))
+        self.register_buffer("panels", cpu_ops.pack_panels(w.detach()))
 
     def dequantize(self) -> torch.Tensor:
-        from kernels.cpu import ops
-
-        return ops.unpack_panels(self.panels)
+        return cpu_ops.unpack_panels(self.panels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from kernels.cpu import ops
-
         shape = x.shape
-        y = ops.linear_panels(x.reshape(-1, shape[-1]).float(), self.panels).to(x.dtype)
+        y = cpu_ops.linear_panels(x.reshape(-1, shape[-1]).float(), self.panels).to(x.dtype)
         return y.reshape(*shape[:-1], self.out_features)
 
 
@@ -267,7 +258,7 @@ def pack_dense_panels(model: nn.Module, names: tuple[str, ...]) -> int:
     for m in list(model.modules()):
         for name in names:
             w = m._parameters.get(name)
-            if w is None or w.dtype != torch.float32 or w.dim() != 2 or w.shape[0] % 16 or w.device.type != "cpu":
+            if w is None or w.dtype != torch.float32 or w.dim() != 2 or w.shape[0] % cpu_ops.PANEL or w.is_cuda:
                 continue
             del m._parameters[name]
             setattr(m, name, PanelWeight(w))

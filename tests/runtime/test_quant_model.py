@@ -59,7 +59,8 @@ def test_quantized_smollm_answers_paris(mode: str, smollm_path, smollm_runner, h
     from runtime.config import cpu_has_native_bf16
 
     assert runner.dtype == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
-    ref = smollm_runner.model.layers[3].w_qkv.float()
+    ref_w = smollm_runner.model.layers[3].w_qkv  # dense float32: a Parameter, or column panels on AVX2 CPUs
+    ref = (ref_w.dequantize() if isinstance(ref_w, quant.PanelWeight) else ref_w).float()
     w = runner.model.layers[3].w_qkv
     assert isinstance(w, quant.Int4Weight if mode == "auto" else quant.Int8Weight)
     err = (w.dequantize() - ref).abs().max().item()
