@@ -161,8 +161,7 @@ def main() -> None:
         "one Engine: the off requests opt out "
         "per request (`disable_speculation`), rounds alternate on/off and off/on. Decode tok/s per request = "
         "(completion tokens - 1) / (last chunk - first chunk); medians over rounds (and prompts). "
-        "**The machine was shared** with other sessions' tests and benchmarks while this ran: absolute rates "
-        "are noisy, the ratio within one alternating run is the figure.",
+        "Absolute rates move with the machine's load; the ratio within one alternating run is the figure.",
         "",
         "| workload | requests/mode | mean output tok | off tok/s (median) | on tok/s (median) | on/off | "
         "mean accept length | identical greedy text |",
