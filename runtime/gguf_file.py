@@ -6,8 +6,9 @@ lookups and the tokenizer (in the server, scheduler and detokenizer processes) e
 - `reader(path)`: the GGUFReader (tensors and all), parsed once per process (the weight loader);
 - `metadata(path)`: the key/value header only, as GGUFReader's `field.contents()` gives it, parsed by this
   module with bulk reads (~0.1 s; tests/runtime/test_gguf_file.py checks it equals GGUFReader's).
-Both are cached while the file is unchanged (same size and mtime). The reader memory-maps the file, so keeping
-it costs address space, not memory.
+Both are cached while the file is unchanged (same size and mtime). The reader memory-maps the file: keeping it
+keeps the pages the loader touched mapped (file-backed, reclaimable), and saves the parse when a process builds
+several runners of one model (the test suite does).
 
 Metadata layout (GGUF v2/v3, little-endian): magic "GGUF", u32 version, u64 tensor count, u64 key count, then per
 key: string key, u32 value type, value. Strings are u64 length + UTF-8 bytes; an array is u32 element type,
@@ -64,9 +65,10 @@ class _Cursor:
 
     def scalar(self, vtype: int) -> Any:
         fmt = _SCALARS[vtype][0]
-        self.need(struct.calcsize(fmt))
+        size = struct.calcsize(fmt)
+        self.need(size)
         (v,) = struct.unpack_from(fmt, self.buf, self.pos)
-        self.pos += struct.calcsize(fmt)
+        self.pos += size
         return v
 
     def string(self) -> str:

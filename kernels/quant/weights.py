@@ -208,7 +208,7 @@ def keep_dense_copies(model: nn.Module, min_rows: int, dtype: torch.dtype = torc
     """Give every CPU-layout Int4/Int8 weight of `model` a copy in `dtype` (the model's) used from `min_rows` rows
     per call on (decode batches of that size and prefill run one dense GEMM; smaller batches the weight-only
     kernels, which read 2-4x fewer bytes). Returns the bytes added. The copy is a buffer, so a compiled forward
-    freezes and prepacks it like a dense weight. Copies of the exact dequantized values (bf16 scales, integer
+    freezes and prepacks it like a dense weight (panels go to their custom op as they are). Copies of the exact dequantized values (bf16 scales, integer
     codes: (q - 8) * s + z computed in `dtype`, as the per-call path does for activations of that dtype).
     float32 copies are for CPUs without native bf16, where torch's bf16 GEMM is many times slower than float32;
     on CPUs with AVX2 and no AVX-512 they are packed in column panels for kernels/cpu/linear.cpp, which runs
