@@ -20,11 +20,15 @@ from kernels.triton.store_kv import store_kv
 class TritonAttnBackend(BaseAttnBackend):
     supports_cuda_graph = True
 
-    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, num_kv_splits: int = 8) -> None:
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float,
+                 num_kv_splits: int | None = None) -> None:
+        """num_kv_splits: decode splits per request; default 8 on a GPU, 2 on a CPU, where Triton runs only
+        under TRITON_INTERPRET and executes the programs one after another (more splits add work without
+        parallelism; 2 still exercises the split merge)."""
         self.k_cache = k_cache  # [L, S, Hkv, D]
         self.v_cache = v_cache
         self.scale = scale
-        self.num_kv_splits = num_kv_splits
+        self.num_kv_splits = num_kv_splits or (8 if k_cache.device.type == "cuda" else 2)
         self._qo_start: torch.Tensor | None = None  # [B] exclusive cumsum of extend_lens (extend only)
         self._max_extend = 0
         self._mid: tuple[torch.Tensor, torch.Tensor] | None = None  # decode split scratch, grown on demand

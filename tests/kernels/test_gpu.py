@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from kernels import ref
+from tests.kernels.engine_greedy import engine_greedy
 from tests.kernels.paged import check_backend_matches_torch, make_paged_batch, qo_start
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -155,37 +156,14 @@ def test_smollm2_greedy_bf16_equals_torch_until_near_tie(smollm2, backend: str) 
     _assert_same_until_near_tie(tok, want, got, margins, near_tie=NEAR_TIE)
 
 
-# The same property through the engine itself: runtime's model runner on CUDA, one runner per backend.
+# The same property through the engine itself: runtime's model runner on CUDA, one runner per backend
+# (tests/kernels/engine_greedy.py; the float32 Triton case also runs on CPUs: test_triton_greedy.py).
 def _engine_greedy(backend: str, dtype: str, prompts: list[list[int]]):
-    from runtime.config import make_config, resolve
-    from runtime.executor.greedy import OfflineBatch
-    from runtime.executor.model_runner import create_model_runner
-
-    cfg = resolve(make_config(device="cuda", dtype=dtype, attention_backend=backend, max_total_tokens=8192))
-    runner = create_model_runner(cfg, progress=False)
-    batch = OfflineBatch(runner, prompts)
-    try:
-        logits = batch.extend([p[: len(p) // 2] for p in prompts])  # prefill half, then extend over it
-        logits = batch.extend([p[len(p) // 2 :] for p in prompts])
-        tokens: list[list[int]] = [[] for _ in prompts]
-        margins: list[list[float]] = [[] for _ in prompts]
-        for _ in range(MAX_NEW):
-            top = logits.float().topk(2, dim=-1)
-            nxt = top.indices[:, 0].tolist()
-            for b, t in enumerate(nxt):
-                tokens[b].append(t)
-                margins[b].append(float(top.values[b, 0] - top.values[b, 1]))
-            logits = batch.extend([[t] for t in nxt], is_decode=True)
-        return tokens, margins
-    finally:
-        batch.release()
-        del runner
-        torch.cuda.empty_cache()
+    return engine_greedy("cuda", backend, dtype, prompts, MAX_NEW)
 
 
 @pytest.mark.parametrize(
-    "backend,dtype,near_tie", [("triton", "float32", 1e-3), ("triton", "bfloat16", NEAR_TIE),
-                               ("flashinfer", "bfloat16", NEAR_TIE)],
+    "backend,dtype,near_tie", [("triton", "bfloat16", NEAR_TIE), ("flashinfer", "bfloat16", NEAR_TIE)],
 )
 def test_engine_smollm2_greedy_across_backends(smollm2, backend: str, dtype: str, near_tie: float) -> None:
     if backend == "flashinfer":
