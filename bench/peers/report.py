@@ -75,6 +75,9 @@ def table(med: dict, systems: list[str], loads: list[str], doc_rounds: int) -> l
                 cell = _f(vals[s], 2 if key in ("ttft_s", "ttft_mean_s", "valid_rate", "valid_per_s") else 1)
                 if m and m["n"] < doc_rounds and key == "out_tok_s":
                     cell += f" ({m['n']} of {doc_rounds} rounds)"
+                ref = med.get((w, "radixgen"), {}).get("requests")
+                if m and w == "rag" and key == "out_tok_s" and ref and m.get("requests") != ref:
+                    cell += f" ({m['requests']:.0f} questions, not {ref:.0f})"  # run.py --hf-rag-questions
                 cells.append(cell)
             peers = [
                 v
