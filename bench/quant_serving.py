@@ -1,10 +1,10 @@
 """One question: what do quantized weights buy radixgen's serving speed, next to llama-server on the same file?
 
-Systems (all up at once, each on its own 127.0.0.1 port, 2 threads): radixgen with --quantization none
-(bf16), int8 and auto (the GGUF's Q4_1 codes kept, int4 kernel), and llama-server (bench/peers set-up,
-bench/.peers/llama-build) on the same Q4_1 GGUF. Workloads from bench/peers/workloads.py: `single` (512-token
-prompt, 128 greedy tokens: decode tokens/s), c8 and c32 (8/32 concurrent clients, 84-token prompts, 128 tokens:
-output tokens/s). Rounds alternate systems (A B C D A B C D ...) with a fresh seed each round; medians.
+Systems (all up at once, each on its own 127.0.0.1 port, 2 threads): radixgen (--dtype auto unless --dtype)
+with --quantization none (dense weights in that dtype), int8 and auto (the GGUF's Q4_1 codes kept, int4 kernel),
+and llama-server (bench/peers set-up, bench/.peers/llama-build) on the same Q4_1 GGUF. Workloads from
+bench/peers/workloads.py: `single` (512-token prompt, 128 greedy tokens: decode tokens/s), c8 and c32 (8/32
+concurrent clients, 84-token prompts, 128 tokens: output tokens/s). Rounds alternate systems (A B C D A B C D ...) with a fresh seed each round; medians.
 Weights memory: radixgen's start-up log line, llama-server's "model buffer size" lines. Writes
 bench/results/quant_serving.json and prints the table (bench/results/quant.md quotes it).
 
@@ -30,12 +30,12 @@ MODES = ["none", "int8", "auto"]
 WORKLOADS = ["single", "c8", "c32"]
 
 
-def radixgen(mode: str, port: int, gguf: str) -> HttpSystem:
+def radixgen(mode: str, port: int, gguf: str, dtype: str) -> HttpSystem:
     cmd = [sys.executable, "-m", "server", "serve", "--model-path", gguf, "--host", "127.0.0.1", "--port",
-           str(port), "--served-model-name", MODEL_NAME, "--dtype", "bfloat16", "--num-threads", "2",
+           str(port), "--served-model-name", MODEL_NAME, "--dtype", dtype, "--num-threads", "2",
            "--quantization", mode]
     env = {"OMP_NUM_THREADS": "2", "PYTHONPATH": ROOT}
-    return HttpSystem(f"radixgen-{mode}", cmd=cmd, env=env, port=port, version_of=f"radixgen bf16 {mode}")
+    return HttpSystem(f"radixgen-{mode}", cmd=cmd, env=env, port=port, version_of=f"radixgen {dtype} {mode}")
 
 
 def weights_mb(s: System) -> float | None:
@@ -56,10 +56,13 @@ def main() -> None:
     ap.add_argument("--base-port", type=int, default=32210)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--dtype", default="auto", help="radixgen's --dtype (auto: bf16 where the CPU has native "
+                    "bf16 math, else float32)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "quant_serving.json"))
     args = ap.parse_args()
     gguf = default_gguf()
-    systems: list[System] = [radixgen(m, args.base_port + i, gguf) for i, m in enumerate(args.modes.split(","))]
+    modes = args.modes.split(",")
+    systems: list[System] = [radixgen(m, args.base_port + i, gguf, args.dtype) for i, m in enumerate(modes)]
     if not args.no_llama:
         systems += make_systems(["llama-server"], args.base_port + 20, gguf)
     results: dict[str, dict[str, list[dict]]] = {s.name: {w: [] for w in WORKLOADS} for s in systems}
