@@ -136,7 +136,8 @@ PERSON = {"type": "object", "properties": {
 
 def throughput(url: str, n: int = 32, rounds: int = 3, max_tokens: int = 96) -> dict:
     """(4): n concurrent PERSON-schema requests vs n unconstrained ones with the same output lengths
-    (ignore_eos), alternating rounds; tok/s medians."""
+    (ignore_eos: each the length of its constrained twin's latest answer), after an untimed warm-up round of
+    both; rounds alternate which kind goes first; tok/s medians."""
     prompts = [f"Invent person number {i} (name, age, city, employed) as JSON." for i in range(n)]
 
     def one(client: httpx.Client, i: int, constrained: bool, length: int) -> int:
@@ -153,14 +154,22 @@ def throughput(url: str, n: int = 32, rounds: int = 3, max_tokens: int = 96) -> 
 
     cons_tps, free_tps = [], []
     with httpx.Client(base_url=url, timeout=1800) as client, concurrent.futures.ThreadPoolExecutor(n) as pool:
-        one(client, 0, True, 0)  # compile + warm
-        for _ in range(rounds):
+        def timed(constrained: bool, lens: list[int]) -> tuple[list[int], float]:
             t = time.perf_counter()
-            lens = list(pool.map(lambda i: one(client, i, True, 0), range(n)))
-            cons_tps.append(sum(lens) / (time.perf_counter() - t))
-            t = time.perf_counter()
-            got = list(pool.map(lambda i, lens=lens: one(client, i, False, max(1, lens[i])), range(n)))
-            free_tps.append(sum(got) / (time.perf_counter() - t))
+            got = list(pool.map(lambda i: one(client, i, constrained, max(1, lens[i])), range(n)))
+            return got, sum(got) / (time.perf_counter() - t)
+
+        # Untimed warm-up round of both kinds: compiles the grammar and puts the n prompts in the radix cache, so
+        # every timed round of either kind starts from the same cache state (the first constrained round would
+        # otherwise be the only one that prefills the prompts).
+        lens, _ = timed(True, [0] * n)
+        timed(False, lens)
+        for r in range(rounds):
+            for constrained in ((True, False) if r % 2 == 0 else (False, True)):  # alternate which goes first
+                got, tps = timed(constrained, lens)
+                (cons_tps if constrained else free_tps).append(tps)
+                if constrained:
+                    lens = got
     return {"cons": cons_tps, "free": free_tps, "ratio": statistics.median(free_tps) / statistics.median(cons_tps)}
 
 

@@ -47,6 +47,11 @@ def build_key() -> str:
     return h.hexdigest()[:16]
 
 
+def is_loaded() -> bool:
+    """Whether load() has already put the ops into this process (never builds)."""
+    return _loaded is not None
+
+
 def load(cache_dir: Path | None = None, verbose: bool = False) -> Path:
     """Compile (once per machine) and load the ops into this process; returns the shared library's path.
 

@@ -7,6 +7,9 @@
 //   rope(x [T, Nh, D], cos_sin [P, D] float32, positions [T] int64) -> [T, Nh, D]
 //       rotate-half (Neox) rotary; cos_sin's first D/2 columns are cos, the last D/2 sin
 //   silu_mul(gate_up [T, 2I]) -> [T, I]        silu(gate) * up, gate the first I columns
+//   apply_token_bitmask_(logits [B, V] float32, bitmask [R, W] int32, rows [R] int64 or None)
+//       in place: logits[rows[r], t] = -inf where bit t % 32 of bitmask[r][t / 32] is 0 (rows None: r itself);
+//       the grammar mask of runtime/constrained, one pass instead of unpacking [R, V] bools and masked_fill
 //
 // Numerics match kernels/ref.py: inputs float32 or bfloat16, math in float32, one rounding to the input dtype at
 // the end (ref's silu_mul rounds twice in bf16, so bf16 results may differ by one ulp). Rows are independent and
@@ -19,6 +22,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -221,16 +226,62 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+void apply_token_bitmask_(at::Tensor logits, const at::Tensor& bitmask, const std::optional<at::Tensor>& rows) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.stride(1) == 1,
+              "apply_token_bitmask_: logits float32 [B, V] with contiguous rows expected");
+  TORCH_CHECK(bitmask.dim() == 2 && bitmask.scalar_type() == at::kInt && bitmask.is_contiguous(),
+              "apply_token_bitmask_: bitmask contiguous int32 [R, W] expected");
+  const int64_t vocab = logits.size(1), words = bitmask.size(1), r_count = bitmask.size(0);
+  TORCH_CHECK(words * 32 >= vocab, "apply_token_bitmask_: bitmask has ", words, " words for ", vocab, " tokens");
+  at::Tensor idx;
+  if (rows.has_value()) {
+    idx = rows->contiguous();
+    TORCH_CHECK(idx.scalar_type() == at::kLong && idx.numel() == r_count, "apply_token_bitmask_: rows int64 [R]");
+  } else {
+    TORCH_CHECK(r_count == logits.size(0), "apply_token_bitmask_: bitmask rows != logits rows");
+  }
+  const int64_t* row_of = rows.has_value() ? idx.data_ptr<int64_t>() : nullptr;
+  for (int64_t r = 0; r < r_count; ++r) {
+    TORCH_CHECK(!row_of || (row_of[r] >= 0 && row_of[r] < logits.size(0)), "apply_token_bitmask_: row out of range");
+  }
+  const auto* mask = reinterpret_cast<const uint32_t*>(bitmask.data_ptr<int32_t>());
+  float* base = logits.data_ptr<float>();
+  const int64_t stride = logits.stride(0);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  at::parallel_for(0, r_count, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* out = base + (row_of ? row_of[r] : r) * stride;
+      const uint32_t* m = mask + r * words;
+      for (int64_t w = 0; w < words; ++w) {
+        uint32_t banned = ~m[w];
+        const int64_t t0 = w * 32;
+        if (banned == 0) continue;                       // all 32 allowed
+        if (banned == 0xFFFFFFFFu && t0 + 32 <= vocab) {  // all banned (most words of a grammar's mask)
+          for (int j = 0; j < 32; ++j) out[t0 + j] = ninf;
+          continue;
+        }
+        while (banned) {
+          const int64_t t = t0 + __builtin_ctz(banned);
+          banned &= banned - 1;
+          if (t < vocab) out[t] = ninf;
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixgen, m) {
   m.def("add_rmsnorm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("rope(Tensor x, Tensor cos_sin, Tensor positions) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("apply_token_bitmask_(Tensor(a!) logits, Tensor bitmask, Tensor? rows) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixgen, CPU, m) {
   m.impl("add_rmsnorm", &add_rmsnorm);
   m.impl("rope", &rope);
   m.impl("silu_mul", &silu_mul);
+  m.impl("apply_token_bitmask_", &apply_token_bitmask_);
 }

@@ -83,6 +83,12 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return torch.ops.radixgen.silu_mul(gate_up)
 
 
+def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+    """In place: logits[rows[r], t] = -inf where bit t % 32 of bitmask[r, t // 32] is 0. logits float32 [B, V]
+    with contiguous rows; bitmask int32 [R, ceil(V / 32)]; rows int64 [R], or None for R = B (row r itself)."""
+    torch.ops.radixgen.apply_token_bitmask_(logits, bitmask, rows)
+
+
 PANEL = 16  # output columns per panel of linear_panels (kernels/cpu/linear.cpp)
 
 

@@ -77,3 +77,32 @@ def test_smollm2_eager_forward_native_ops_match_reference_ops(smollm_runner):
     got, want = logits_with_row_ops(smollm_runner, REF_ELEMENTWISE)
     torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-4)
     assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.parametrize("b,v", [(1, 31), (3, 64), (5, 1000), (32, 49152), (4, 49153)])
+@pytest.mark.parametrize("subset", [False, True])
+def test_apply_token_bitmask_matches_the_torch_twin(b, v, subset):
+    """The one-pass grammar mask vs runtime.constrained's unpack_bitmask + masked_fill, on masks with all-allowed,
+    all-banned and mixed words, a vocabulary that is not a multiple of 32, and a subset of the rows."""
+    from runtime.constrained.grammar import unpack_bitmask
+
+    g = torch.Generator().manual_seed(b * v)
+    rows = list(range(0, b, 2)) if subset else list(range(b))
+    words = (v + 31) // 32
+    bm = torch.randint(-(2**31), 2**31 - 1, (len(rows), words), generator=g, dtype=torch.int32)
+    bm[:, ::3] = 0  # every token of the word banned
+    bm[:, 1::5] = -1  # every token allowed
+    logits = torch.randn(b, v, generator=g)
+    want = logits.clone()
+    want[rows] = want[rows].masked_fill(unpack_bitmask(bm, v, allowed=False), float("-inf"))
+    ops.apply_token_bitmask_(logits, bm, torch.tensor(rows) if subset else None)
+    assert torch.equal(logits, want)
+
+
+def test_apply_token_bitmask_refuses_bad_shapes():
+    with pytest.raises(RuntimeError, match="words"):
+        ops.apply_token_bitmask_(torch.zeros(2, 100), torch.zeros(2, 3, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="out of range"):
+        ops.apply_token_bitmask_(torch.zeros(2, 64), torch.zeros(1, 2, dtype=torch.int32), torch.tensor([2]))
+    with pytest.raises(RuntimeError, match="float32"):
+        ops.apply_token_bitmask_(torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(2, 2, dtype=torch.int32))
