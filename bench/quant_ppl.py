@@ -5,7 +5,7 @@ the docstrings of Python standard-library modules (human-written reference prose
 interpreter, not model output), in fixed order, cut into non-overlapping windows of --window tokens, each
 scored from its first token. Rows: transformers dequantizing the same GGUF in float32 (the reference), and
 radixgen with --quantization none (float32 and bfloat16), int8 (per-channel RTN of the file's values) and
-auto (the file's Q4_1 codes kept, int4 kernel). Writes bench/results/quant.md (the accuracy section).
+auto (the file's Q4_1 codes kept, int4 kernel). Writes bench/results/quant_ppl.md (bench/results/quant.md links it).
 
     python bench/quant_ppl.py [--tokens 20480] [--window 1024]
 The transformers reference NLL is cached in bench/results/quant_ppl_hf.json per token set (it takes minutes).

@@ -39,8 +39,8 @@ class ModelConfig:
     """CPU, int4/int8 weights: calls with at least this many rows (decode batches of this size, prefill) run a
     dense GEMM in the model's dtype on a copy kept beside each quantized weight, fewer rows the weight-only
     kernels (they read 2-4x fewer bytes, so they win alone; torch's CPU ones loop over rows, so a dense GEMM wins
-    at batch: bench/results/quant_serving.md). The copies cost 2 (bfloat16) or 4 (float32) bytes per parameter.
-    0: no copies (prefill then dequantizes each weight per call)."""
+    at batch: bench/results/quant_kernels.md, quant.md). The copies cost 2 (bfloat16) or 4 (float32) bytes per
+    parameter. 0: no copies (prefill then dequantizes each weight per call)."""
     device: str = "auto"
     """Device to run on: auto, cpu or cuda."""
     context_length: int | None = None

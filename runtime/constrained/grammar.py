@@ -300,8 +300,9 @@ def _native_mask(logits: torch.Tensor) -> bool:
 def apply_grammar_masks(logits: torch.Tensor, grammars: Sequence[Grammar | None]) -> None:
     """Set disallowed logits to -inf in place for rows with a grammar; rows without one are not touched and a
     batch without grammars costs one list scan. Float32 CPU logits go through kernels/cpu's one-pass op where
-    it is loaded (5x faster at 32 rows of SmolLM2's 49,152 tokens), others through unpack_bitmask + masked_fill
-    (the torch twin; tests/runtime/test_constrained.py compares them)."""
+    it is loaded (32 rows of SmolLM2's 49,152 tokens: 0.9 instead of 7.8 ms per step, the backend's fill
+    included), others through unpack_bitmask + masked_fill (the torch twin; tests/kernels/test_cpu_elementwise.py
+    compares them)."""
     if all(g is None for g in grammars):
         return
     v = logits.shape[1]
