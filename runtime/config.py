@@ -127,9 +127,10 @@ class GrammarConfig:
     JSON Schema default). Off: it admits only its listed keys (as OpenAI strict schemas and xgrammar's strict
     mode), so a small model cannot run out of tokens adding keys; outputs validate either way."""
     json_bound_numbers: bool = True
-    """A JSON `number` without multipleOf/enum/const gets at most 10 fraction digits and no exponent (llguidance
-    backend; a schema whose bounds llguidance cannot combine with it, such as maximum 1e300, keeps free numbers),
-    so a sampled number cannot spend the whole token budget in its fraction; off: any JSON number."""
+    """A JSON `number` without multipleOf/enum/const gets at most 10 fraction digits, no exponent and, where it
+    has no minimum (maximum), the I-JSON limit -(2^53-1) (2^53-1) (llguidance backend; a schema whose bounds
+    llguidance cannot combine with these, such as maximum 1e300, keeps free numbers), so a sampled number cannot
+    spend the whole token budget in its fraction or its integer part; off: any JSON number."""
 
 
 @dataclass(frozen=True)

@@ -194,8 +194,9 @@ NUMBER_FRACTION_DIGITS = 10
 
 def bound_numbers(schema: dict | bool, digits: int | None = None) -> dict | bool:
     """Give every `number` without multipleOf, enum or const the bound `multipleOf: 10^-digits` (default
-    NUMBER_FRACTION_DIGITS), which llguidance compiles as "at most `digits` fraction digits, no exponent": a
-    sampled number cannot run on in its fraction for the whole token budget. (Integers are bounded by
+    NUMBER_FRACTION_DIGITS), which llguidance compiles as "at most `digits` fraction digits, no exponent", and,
+    where it has no lower (upper) bound, the I-JSON limit -(2^53-1) (2^53-1) as integers get: a sampled number
+    cannot run on in its fraction or its integer part for the whole token budget. (Integers are bounded by
     bound_runaway_values.) In place; only for backends that enforce a decimal multipleOf this way (llguidance;
     xgrammar refuses multipleOf)."""
     if not isinstance(schema, dict):
@@ -208,5 +209,9 @@ def bound_numbers(schema: dict | bool, digits: int | None = None) -> dict | bool
         if (t == "number" or (isinstance(t, list) and "number" in t)) and not any(
                 k in s for k in ("multipleOf", "enum", "const")):
             s["multipleOf"] = step
+            if "minimum" not in s and "exclusiveMinimum" not in s:
+                s["minimum"] = -MAX_SAFE_INTEGER
+            if "maximum" not in s and "exclusiveMaximum" not in s:
+                s["maximum"] = MAX_SAFE_INTEGER
         stack.extend(subschemas(s))
     return schema

@@ -465,7 +465,8 @@ def test_structural_tag_constrains_only_inside_the_tag(backend, tok) -> None:
 
 
 def test_numbers_get_at_most_10_fraction_digits_on_llguidance(tok, monkeypatch) -> None:
-    """A `number` without multipleOf cannot run on in its fraction (json_bound_numbers, on by default)."""
+    """A `number` without multipleOf cannot run on in its fraction or its integer part (json_bound_numbers, on by
+    default)."""
     spec = json.dumps({"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]})
 
     def accepts(cfg: GrammarConfig, text: str) -> bool:
@@ -484,7 +485,11 @@ def test_numbers_get_at_most_10_fraction_digits_on_llguidance(tok, monkeypatch) 
     assert accepts(bounded, '{"x":-3.1415926535}') and accepts(bounded, '{"x":42}')
     assert not accepts(bounded, '{"x":3.14159265358}')  # 11 fraction digits
     assert not accepts(bounded, '{"x":1e5}')
+    # the integer part stays in the I-JSON range, as integers' does: 16 digits at most
+    assert accepts(bounded, '{"x":9007199254740990.5}') and accepts(bounded, '{"x":-9007199254740990}')
+    assert not accepts(bounded, '{"x":9007199254740992}') and not accepts(bounded, '{"x":12345678901234567.0}')
     assert accepts(free, '{"x":3.14159265358}') and accepts(free, '{"x":1e5}')
+    assert accepts(free, '{"x":12345678901234567.0}')
     # a bound llguidance refuses (multipleOf 1e-12: "too many digits") falls back to free numbers, not a 400
     monkeypatch.setattr("runtime.constrained.json_rules.NUMBER_FRACTION_DIGITS", 12)
     assert accepts(bounded, '{"x":1e5}')
