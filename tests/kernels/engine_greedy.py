@@ -1,5 +1,6 @@
-"""Test helper: greedy tokens of the default model through runtime's own model runner with a given attention
-backend, prefilled in two chunks (an extend over the cached half), then decoded as a batch."""
+"""Test helpers: greedy tokens of the default model through runtime's own model runner with a given attention
+backend, prefilled in two chunks (an extend over the cached half), then decoded as a batch; and the check that
+two such runs agree until a near-tie."""
 
 from __future__ import annotations
 
@@ -37,3 +38,16 @@ def engine_greedy(device: str, backend: str, dtype: str, prompts: list[list[int]
         del runner
         if device == "cuda":
             torch.cuda.empty_cache()
+
+
+def assert_same_until_near_tie(tok, want, got, margins, near_tie: float, max_new: int) -> None:  # noqa: ANN001
+    """Greedy tokens equal until the first divergence, and that divergence (if any) is at a reference near-tie
+    (top1 - top2 < near_tie in `margins`, the reference run's). At least `max_new` tokens in all must agree
+    before any divergence."""
+    agreed = 0
+    for w, g, m in zip(want, got, margins, strict=True):
+        i = next((j for j in range(max_new) if g[j] != w[j]), max_new)
+        agreed += i
+        if i < max_new:
+            assert m[i] < near_tie, (i, m[i], tok.decode(w), tok.decode(g))
+    assert agreed >= max_new, (agreed, [tok.decode(x) for x in got + want])

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from kernels import ref
-from tests.kernels.engine_greedy import engine_greedy
+from tests.kernels.engine_greedy import assert_same_until_near_tie, engine_greedy
 from tests.kernels.paged import check_backend_matches_torch, make_paged_batch, qo_start
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -125,15 +125,7 @@ def _greedy(hf, backend: str, dtype: torch.dtype, prompts: list[list[int]]):
 
 
 def _assert_same_until_near_tie(tok, want, got, margins, near_tie: float) -> None:
-    """Greedy tokens equal until the first divergence, and that divergence (if any) is at a reference
-    near-tie (top1 - top2 < near_tie). At least MAX_NEW tokens in all must agree before any divergence."""
-    agreed = 0
-    for w, g, m in zip(want, got, margins, strict=True):
-        i = next((j for j in range(MAX_NEW) if g[j] != w[j]), MAX_NEW)
-        agreed += i
-        if i < MAX_NEW:
-            assert m[i] < near_tie, (i, m[i], tok.decode(w), tok.decode(g))
-    assert agreed >= MAX_NEW, (agreed, [tok.decode(x) for x in got + want])
+    assert_same_until_near_tie(tok, want, got, margins, near_tie, MAX_NEW)
 
 
 def test_smollm2_greedy_fp32_triton_equals_torch(smollm2) -> None:
