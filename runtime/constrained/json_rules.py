@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from runtime.constrained.errors import fail as _fail
+from runtime.constrained.json_caps import Caps, cap_lengths, plan
 
 
 def nesting_depth(x: Any, limit: int) -> int:
@@ -120,23 +121,25 @@ FORMAT_MAX_LENGTH = {"email": 254, "idn-email": 254, "hostname": 253, "idn-hostn
 
 
 def bound_runaway_values(schema: dict | bool, enabled: bool = True, formats: bool = True,
-                         closed_objects: bool = False) -> dict | bool:
+                         closed_objects: bool = False, caps: Caps | None = None) -> dict | bool:
     """Give every integer without a bound the I-JSON range [-(2^53-1), 2^53-1] (at most 16 digits), and every
     string format with a standard length limit that limit as maxLength, so a sampled value cannot run on for
-    the whole token budget. Values these bounds cut off are ones no consumer accepts. closed_objects: an object
-    listing `properties` without additionalProperties/patternProperties gets `additionalProperties: false`
-    (not inside or beside an allOf, where branches share keys). In place."""
+    the whole token budget. Values these bounds cut off are ones no consumer accepts. caps: default caps on
+    strings and arrays without an explicit bound (runtime/constrained/json_caps.py: never below the schema's own
+    minimum, never under not/if/oneOf); formats=False (xgrammar): no format lengths.
+    closed_objects: an object listing `properties` without additionalProperties/patternProperties gets
+    `additionalProperties: false`, where no other subschema on the same instance (allOf branch, anyOf's parent,
+    a $ref's siblings) names a key it does not list. In place."""
     if not enabled or not isinstance(schema, dict):
         return schema
+    if caps is not None:
+        cap_lengths(schema, caps, FORMAT_MAX_LENGTH)
+    if closed_objects:
+        for s in plan(schema).closable():
+            s["additionalProperties"] = False
     stack = [schema]
-    in_all_of: set[int] = set()  # ids of subschemas that are allOf branches
     while stack:
         s = stack.pop()
-        if isinstance(s.get("allOf"), list):
-            in_all_of.update(id(x) for x in s["allOf"])
-        if (closed_objects and isinstance(s.get("properties"), dict) and id(s) not in in_all_of and "allOf" not in s
-                and not any(k in s for k in ("additionalProperties", "patternProperties", "unevaluatedProperties"))):
-            s["additionalProperties"] = False
         t = s.get("type")
         if t == "integer" or (isinstance(t, list) and "integer" in t and "number" not in t):
             if "minimum" not in s and "exclusiveMinimum" not in s:

@@ -26,6 +26,7 @@ import torch
 from runtime.config import GrammarConfig
 from runtime.constrained.errors import GrammarValidationError
 from runtime.constrained.grammar import Grammar, GrammarError, VocabInfo
+from runtime.constrained.json_caps import Caps
 from runtime.constrained.json_rules import bound_numbers, bound_runaway_values, parse_schema
 from runtime.constrained.schema import choices_regex
 from runtime.constrained.structural_tag import lark_grammar, parse_structural_tag
@@ -72,13 +73,7 @@ def _json_options(cfg: GrammarConfig) -> dict[str, Any]:
 def grammar_text(kind: str, spec: str, cfg: GrammarConfig) -> str:
     """llguidance's grammar text for a (kind, spec) constraint; GrammarValidationError if malformed."""
     if kind == "json_schema":
-        schema = parse_schema(spec)
-        text = _schema_grammar(_bounded(copy.deepcopy(schema), cfg, numbers=cfg.json_bound_numbers), cfg)
-        if cfg.json_bound_numbers and llg.LLMatcher.validate_grammar(text, None):
-            # llguidance cannot combine the fraction bound with this schema's numbers (e.g. maximum 1e300):
-            # compile the schema without it (numbers unbounded, as the spec has them) rather than refuse it
-            text = _schema_grammar(_bounded(schema, cfg, numbers=False), cfg)
-        return text
+        return _schema_text(parse_schema(spec), cfg)
     if kind == "regex":
         if not spec:
             raise GrammarValidationError("regex is empty")
@@ -106,9 +101,36 @@ def _schema_grammar(schema: dict | bool, cfg: GrammarConfig) -> str:
         raise GrammarValidationError(f"invalid JSON schema: {e}") from None
 
 
-def _bounded(schema: dict | bool, cfg: GrammarConfig, numbers: bool) -> dict | bool:
+def _levels(cfg: GrammarConfig) -> list[tuple[Caps | None, bool]]:
+    """The runaway bounds to try, strictest first: (caps, bound numbers). llguidance cannot combine every bound
+    with every schema (a maximum of 1e300 with the fraction bound; a length cap with an unanchored pattern whose
+    emptiness it cannot decide), and then the next looser set is compiled, down to the schema's own bounds,
+    rather than refusing a schema the user wrote correctly."""
+    caps = Caps(cfg.json_max_string_length, cfg.json_max_array_items)
+    cap_levels: list[Caps | None] = [None]
+    if caps.max_string or caps.max_items:
+        cap_levels = [caps, Caps(caps.max_string, caps.max_items, beside_patterns=False), None]
+    numbers = (True, False) if cfg.json_bound_numbers else (False,)
+    return [(c, n) for n in numbers for c in cap_levels]
+
+
+def _schema_text(schema: dict | bool, cfg: GrammarConfig) -> str:
+    """llguidance's grammar text for a parsed schema under the strictest bounds it can compile."""
+    levels = _levels(cfg)
+    for caps, numbers in levels[:-1]:
+        try:
+            text = _schema_grammar(_bounded(copy.deepcopy(schema), cfg, caps, numbers), cfg)
+        except GrammarValidationError:
+            continue
+        if not llg.LLMatcher.validate_grammar(text, None):
+            return text
+    caps, numbers = levels[-1]
+    return _schema_grammar(_bounded(schema, cfg, caps, numbers), cfg)
+
+
+def _bounded(schema: dict | bool, cfg: GrammarConfig, caps: Caps | None, numbers: bool) -> dict | bool:
     """The runaway bounds (runtime/constrained/json_rules.py) the configuration asks for, in place."""
-    schema = bound_runaway_values(schema, closed_objects=not cfg.json_allow_extra_properties)
+    schema = bound_runaway_values(schema, closed_objects=not cfg.json_allow_extra_properties, caps=caps)
     return bound_numbers(schema) if numbers else schema
 
 
@@ -117,7 +139,8 @@ def _tag_schema(schema: dict | bool, cfg: GrammarConfig) -> dict:
     the JSON whitespace options carried inside it (`x-guidance`), as Lark's %json takes no other options."""
     if schema is False:
         raise GrammarValidationError("structural_tag: a structure's schema is `false` (nothing can match)")
-    out = _bounded(parse_schema(json.dumps({} if schema is True else schema)), cfg, cfg.json_bound_numbers)
+    caps, numbers = _levels(cfg)[0]
+    out = _bounded(parse_schema(json.dumps({} if schema is True else schema)), cfg, caps, numbers)
     assert isinstance(out, dict)
     return {**out, "x-guidance": _json_options(cfg)}
 

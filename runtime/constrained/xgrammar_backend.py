@@ -28,6 +28,7 @@ import xgrammar as xgr
 from runtime.config import GrammarConfig
 from runtime.constrained.errors import GrammarValidationError
 from runtime.constrained.grammar import Grammar, GrammarError, VocabInfo, _bit
+from runtime.constrained.json_caps import Caps
 from runtime.constrained.json_rules import bound_runaway_values, check_keywords, parse_schema, subschemas
 from runtime.constrained.schema import choices_regex
 
@@ -142,8 +143,10 @@ def _check_schema(spec: str, cfg: GrammarConfig) -> dict | bool:
     schema = parse_schema(spec)
     check_keywords(schema, XGRAMMAR_KEYWORDS, XGRAMMAR_FORMATS, "xgrammar", lengths_with_patterns=False)
     _refuse_combinations(schema)
-    # formats=False: xgrammar ignores a maxLength next to a format
-    schema = bound_runaway_values(schema, formats=False, closed_objects=not cfg.json_allow_extra_properties)
+    # formats=False, caps not beside patterns: xgrammar ignores a maxLength next to a pattern or format
+    caps = Caps(cfg.json_max_string_length, cfg.json_max_array_items, beside_patterns=False, untyped=False)
+    schema = bound_runaway_values(schema, formats=False, closed_objects=not cfg.json_allow_extra_properties,
+                                  caps=caps)
     return _bound_optional_groups(schema)
 
 

@@ -1,0 +1,258 @@
+"""Where a JSON schema may be narrowed, and the default caps on string length and array size.
+
+Every rewrite here only narrows the set of documents a schema accepts, so a document generated under the
+rewritten schema still validates against the user's schema. That holds for a subschema reached through
+properties/items/allOf/anyOf/then/else/$ref..., and fails under `not` (narrowing the negated schema widens the
+whole), `if` (it flips which branch applies), `oneOf` (a document two branches accepted, invalid under oneOf, can
+match only one narrowed branch) and `contains` (with maxContains, fewer matches can pass): subschemas reached
+through those are *tainted* and never narrowed. `plan` walks the schema from its root and follows local `$ref`s,
+so a `$defs` entry is narrowed only if no tainted path reaches it.
+
+Closing an object (`additionalProperties: false`) must also keep the schema satisfiable: other subschemas that
+apply to the same instance (allOf branches, the parent of an anyOf branch, a $ref's siblings) may list or
+require keys the object does not list. `plan` carries the keys those partners name; an object is closed only if
+its own `properties` cover them (else closing would be a 400 "unsatisfiable", never a wrong 200).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+# Same instance, narrowing is monotone: all must hold (then/else: the one that applies must hold).
+_CONJUNCTS_LISTS = ("allOf",)
+_CONJUNCTS_ONE = ("then", "else")
+# A new instance (a property value, an item, a key).
+_CHILD_MAPS = ("properties", "patternProperties")
+_CHILD_ONE = ("items", "additionalProperties", "additionalItems", "propertyNames", "unevaluatedItems",
+              "unevaluatedProperties", "prefixItems")
+# Narrowing below these can widen what the whole schema accepts (see the module docstring).
+_TAINT_ONE = ("not", "if", "contains")
+_TAINT_LISTS = ("oneOf",)
+_APPLICATORS = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref", "dependentSchemas")
+
+
+def ref_target(root: dict, ref: str) -> dict | None:
+    """The subschema a local `$ref` names: `#`, `#/json/pointer`, or the root's own `$id`/`id` followed by one.
+    None for anything else (other documents, anchors, the ids of subschemas)."""
+    uri, _, frag = ref.partition("#")
+    own = root.get("$id", root.get("id"))
+    if uri and not (isinstance(own, str) and uri == own.partition("#")[0]):
+        return None
+    node: Any = root
+    if frag and not frag.startswith("/"):
+        return None
+    for part in frag.split("/")[1:]:
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node if isinstance(node, dict) else None
+
+
+def _as_list(v: Any) -> list[dict]:
+    return [x for x in (v if isinstance(v, list) else [v]) if isinstance(x, dict)]
+
+
+def _keys(root: dict, s: dict, seen: set[int], skip_any_of: bool = False) -> frozenset[str] | None:
+    """Property names `s` and the subschemas it applies to the same instance list or require (anyOf/oneOf
+    branches included: any of them may be the one that holds). None where a $ref does not resolve."""
+    if id(s) in seen:  # a same-instance cycle names nothing new
+        return frozenset()
+    seen.add(id(s))
+    out: set[str] = set(s["properties"]) if isinstance(s.get("properties"), dict) else set()
+    if isinstance(s.get("required"), list):
+        out.update(k for k in s["required"] if isinstance(k, str))
+    partners: list[dict] = []
+    for k in ("dependentRequired", "dependencies"):
+        for name, v in (s[k].items() if isinstance(s.get(k), dict) else ()):
+            out.add(name)
+            if isinstance(v, list):
+                out.update(x for x in v if isinstance(x, str))
+            partners.extend(_as_list(v))
+    if isinstance(s.get("dependentSchemas"), dict):
+        out.update(s["dependentSchemas"])
+        partners.extend(_as_list(list(s["dependentSchemas"].values())))
+    for k in (*_CONJUNCTS_LISTS, *(() if skip_any_of else ("anyOf", "oneOf"))):
+        partners.extend(_as_list(s.get(k)))
+    for k in _CONJUNCTS_ONE:
+        partners.extend(_as_list(s.get(k)))
+    if isinstance(s.get("$ref"), str):
+        target = ref_target(root, s["$ref"])
+        if target is None:
+            return None
+        partners.append(target)
+    for p in partners:
+        sub = _keys(root, p, seen)
+        if sub is None:
+            return None
+        out |= sub
+    return frozenset(out)
+
+
+@dataclass
+class Plan:
+    """Per subschema reached from the root (by id): whether a tainted path reaches it, and the keys that other
+    subschemas on the same instance name (None: unknown)."""
+
+    root: dict
+    nodes: dict[int, dict] = field(default_factory=dict)
+    tainted: set[int] = field(default_factory=set)
+    partner_keys: dict[int, frozenset[str] | None] = field(default_factory=dict)
+    unresolved: bool = False  # some $ref did not resolve: its target could be reached on a path not walked
+
+    def narrowable(self) -> list[dict]:
+        """Subschemas a rewrite may narrow (nothing when a $ref did not resolve)."""
+        return [] if self.unresolved else [s for i, s in self.nodes.items() if i not in self.tainted]
+
+    def closable(self) -> list[dict]:
+        """Objects listing `properties` (and no other rule for extra keys) that may take additionalProperties:
+        false: not tainted, and every key their same-instance partners name is one of their properties."""
+        out = []
+        for s in self.narrowable():
+            props, outer = s.get("properties"), self.partner_keys.get(id(s))
+            if not isinstance(props, dict) or outer is None or any(
+                    k in s for k in ("additionalProperties", "patternProperties", "unevaluatedProperties")):
+                continue
+            if isinstance(s.get("minProperties"), int) and s["minProperties"] > len(props):
+                continue
+            own = _keys(self.root, s, set())
+            if own is not None and (outer | own) <= props.keys():
+                out.append(s)
+        return out
+
+
+def plan(root: dict) -> Plan:
+    """Walk `root` through its subschemas and local $refs (see Plan)."""
+    p = Plan(root)
+    stack: list[tuple[dict, bool, frozenset[str] | None]] = [(root, False, frozenset())]
+    while stack:
+        s, tainted, outer = stack.pop()
+        i = id(s)
+        if i in p.nodes:  # walk again only if this path adds taint or keys
+            old = p.partner_keys[i]
+            merged = None if old is None or outer is None else old | outer
+            if (i in p.tainted or not tainted) and merged == old:
+                continue
+            outer = merged
+        p.nodes[i] = s
+        p.partner_keys[i] = outer
+        if tainted:
+            p.tainted.add(i)
+        tainted = i in p.tainted
+        own = _keys(root, s, set())
+        group = None if outer is None or own is None else outer | own
+        for k in _CHILD_MAPS:
+            if isinstance(s.get(k), dict):
+                stack.extend((x, tainted, frozenset()) for x in s[k].values() if isinstance(x, dict))
+        for k in _CHILD_ONE:
+            stack.extend((x, tainted, frozenset()) for x in _as_list(s.get(k)))
+        for k in _CONJUNCTS_LISTS:
+            stack.extend((x, tainted, group) for x in _as_list(s.get(k)))
+        for k in _CONJUNCTS_ONE:
+            stack.extend((x, tainted, group) for x in _as_list(s.get(k)))
+        deps = [s.get("dependentSchemas"), s.get("dependencies")]
+        for d in deps:
+            if isinstance(d, dict):
+                stack.extend((x, tainted, group) for x in _as_list(list(d.values())))
+        # an anyOf branch shares the instance with its parent's other keywords, not with its sibling branches
+        beside = _keys(root, s, set(), skip_any_of=True)
+        branch_outer = None if outer is None or beside is None else outer | beside
+        stack.extend((x, tainted, branch_outer) for x in _as_list(s.get("anyOf")))
+        for k in _TAINT_ONE:
+            stack.extend((x, True, None) for x in _as_list(s.get(k)))
+        for k in _TAINT_LISTS:
+            stack.extend((x, True, None) for x in _as_list(s.get(k)))
+        if isinstance(s.get("$ref"), str):
+            target = ref_target(root, s["$ref"])
+            if target is None:
+                p.unresolved = True
+            else:
+                stack.append((target, tainted, group))
+    return p
+
+
+def _types(s: dict) -> set[str] | None:
+    """The instance types `s` names (None: no `type`, any type)."""
+    t = s.get("type")
+    return {t} if isinstance(t, str) else {x for x in t if isinstance(x, str)} if isinstance(t, list) else None
+
+
+_ECMA_ONLY = re.compile(r"\\[pP]\{[^}]*\}")
+
+
+def pattern_width(pattern: str) -> tuple[int, int | None] | None:
+    """(shortest, longest or None: unbounded) length of a string a schema `pattern` accepts, None if Python's
+    parser cannot read it. JSON Schema patterns are unanchored: only a ^...$ pattern is bounded."""
+    import re._parser as sre  # the stdlib's own regex parser (getwidth: min and max match width)
+
+    text = _ECMA_ONLY.sub(".", pattern).replace("(?<", "(?P<").replace("(?P<=", "(?<=").replace("(?P<!", "(?<!")
+    try:
+        lo, hi = sre.parse(text).getwidth()
+    except (re.error, OverflowError, RecursionError):
+        return None
+    anchored = pattern.startswith("^") and pattern.endswith("$") and not pattern.endswith("\\$")
+    return lo, (hi if anchored and hi < sre.MAXREPEAT else None)
+
+
+def _min(s: dict, key: str) -> int:
+    v = s.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def _string_cap(s: dict, cap: int, beside_patterns: bool, format_limits: dict[str, int]) -> int:
+    """The maxLength to give the string subschema `s` (0: none). Never below its minLength or its pattern's
+    shortest match, so the schema stays satisfiable."""
+    cap = max(cap, _min(s, "minLength"))
+    if "pattern" not in s and "format" not in s:
+        return cap
+    if not beside_patterns:
+        return 0
+    width = pattern_width(s["pattern"]) if isinstance(s.get("pattern"), str) else (0, None)
+    if width is None or (width[1] is not None and width[1] <= cap):
+        return 0  # unreadable, or already bounded by the pattern
+    cap = max(cap, width[0])
+    limit = format_limits.get(s["format"]) if isinstance(s.get("format"), str) else None
+    return cap if limit is None else max(min(cap, limit), _min(s, "minLength"))
+
+
+@dataclass(frozen=True)
+class Caps:
+    """Default caps (0: off). beside_patterns=False: strings with a pattern or a format get no cap (xgrammar
+    drops a length there; llguidance's fallback when it cannot combine the two). untyped: a subschema without
+    `type` gets both caps too (they apply only to strings / arrays)."""
+
+    max_string: int = 0
+    max_items: int = 0
+    beside_patterns: bool = True
+    untyped: bool = True
+
+
+def cap_lengths(schema: dict, caps: Caps, format_limits: dict[str, int]) -> None:
+    """In place, on the narrowable subschemas (see `plan`): a string without maxLength, enum or const gets
+    maxLength = max(caps.max_string, its minLength) (for a format with a standard limit, the smaller of that and
+    the cap); an array without maxItems gets maxItems = max(caps.max_items, its minItems). A cap never goes below
+    what the schema requires, so it never makes it unsatisfiable; beside a pattern it is at least the pattern's
+    shortest match, and a ^...$ pattern that already bounds the length, or one Python cannot parse, gets none.
+    A subschema with a `$ref` gets none (its target does; llguidance refuses keys beside a recursive $ref), nor
+    does one without `type` that combines others (allOf/anyOf/oneOf/not/if: its branches do)."""
+    if not (caps.max_string or caps.max_items):
+        return
+    for s in plan(schema).narrowable():
+        types = _types(s)
+        if "enum" in s or "const" in s or "$ref" in s:
+            continue
+        if types is None and (not caps.untyped or any(k in s for k in _APPLICATORS)):
+            continue  # an untyped combination: its branches get the caps (keys beside a oneOf change llguidance's
+            # reading of it)
+        if caps.max_string and (types is None or "string" in types) and "maxLength" not in s:
+            cap = _string_cap(s, caps.max_string, caps.beside_patterns, format_limits)
+            if cap:
+                s["maxLength"] = cap
+        if caps.max_items and (types is None or "array" in types) and "maxItems" not in s:
+            s["maxItems"] = max(caps.max_items, _min(s, "minItems"))
