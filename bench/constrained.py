@@ -14,6 +14,7 @@
 
     .venv/bin/python -m bench.constrained [--out bench/results/constrained.md] [--skip-engine]
     .venv/bin/python -m bench.constrained --backends [--port 32000] [--e2e-n 160] [--append FILE]
+        [--max-tokens 384] [--server-flags "--json-max-string-length 128"] [--rounds 7] [--dump PREFIX]
 """
 
 from __future__ import annotations
@@ -253,12 +254,16 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--skip-server", action="store_true")
     ap.add_argument("--append", default=None, help="append the --backends section to this file")
+    ap.add_argument("--server-flags", default="", help="extra `serve` flags for the --backends servers")
+    ap.add_argument("--rounds", type=int, default=7, help="--backends: alternating throughput rounds")
+    ap.add_argument("--dump", default=None, help="--backends: write every end-to-end answer to PREFIX.<backend>.json")
     args = ap.parse_args()
     if args.backends:
         from bench.constrained_backends import run
 
         lines = run(load_tokenizer(model_path()), args.port, args.e2e_n, args.max_tokens, args.temperature,
-                    tuple(args.which.split(",")), args.skip_server)
+                    tuple(args.which.split(",")), args.skip_server, tuple(args.server_flags.split()), args.rounds,
+                    args.dump)
         print("\n".join(lines))
         if args.append:
             with open(args.append, "a") as f:

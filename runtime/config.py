@@ -143,6 +143,12 @@ class GrammarConfig:
     """A JSON array without maxItems may hold at most this many items (never below its minItems; llguidance and
     xgrammar backends; 0: no cap), so a repeated item (`"","",...`) cannot fill the token budget; longer
     legitimate arrays are cut short, validly. Measured in bench/results/constrained.md."""
+    json_max_object_properties: int = 32
+    """A JSON object that admits keys its schema does not list (additionalProperties not false, or
+    patternProperties; with --no-json-allow-extra-properties, the default, that is a map-like object) and has no
+    maxProperties may hold at most this many keys (never below its minProperties or its listed keys; llguidance
+    backend: xgrammar does not enforce maxProperties; 0: no cap), so a model cannot add keys for the whole token
+    budget; larger legitimate maps are cut short, validly."""
 
 
 @dataclass(frozen=True)

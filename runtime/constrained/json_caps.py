@@ -225,10 +225,12 @@ def _string_cap(s: dict, cap: int, beside_patterns: bool, format_limits: dict[st
 class Caps:
     """Default caps (0: off). beside_patterns=False: strings with a pattern or a format get no cap (xgrammar
     drops a length there; llguidance's fallback when it cannot combine the two). untyped: a subschema without
-    `type` gets both caps too (they apply only to strings / arrays)."""
+    `type` gets the caps too (each applies only to its own type). max_properties: objects that admit unlisted
+    keys (xgrammar does not enforce maxProperties: 0 there)."""
 
     max_string: int = 0
     max_items: int = 0
+    max_properties: int = 0
     beside_patterns: bool = True
     untyped: bool = True
 
@@ -236,12 +238,14 @@ class Caps:
 def cap_lengths(schema: dict, caps: Caps, format_limits: dict[str, int]) -> None:
     """In place, on the narrowable subschemas (see `plan`): a string without maxLength, enum or const gets
     maxLength = max(caps.max_string, its minLength) (for a format with a standard limit, the smaller of that and
-    the cap); an array without maxItems gets maxItems = max(caps.max_items, its minItems). A cap never goes below
-    what the schema requires, so it never makes it unsatisfiable; beside a pattern it is at least the pattern's
+    the cap); an array without maxItems gets maxItems = max(caps.max_items, its minItems); an object that admits
+    unlisted keys (additionalProperties not false, or patternProperties) and has no maxProperties gets
+    maxProperties = max(caps.max_properties, its minProperties, its listed and required keys). A cap never goes
+    below what the schema requires, so it never makes it unsatisfiable; beside a pattern it is at least the pattern's
     shortest match, and a ^...$ pattern that already bounds the length, or one Python cannot parse, gets none.
     A subschema with a `$ref` gets none (its target does; llguidance refuses keys beside a recursive $ref), nor
     does one without `type` that combines others (allOf/anyOf/oneOf/not/if: its branches do)."""
-    if not (caps.max_string or caps.max_items):
+    if not (caps.max_string or caps.max_items or caps.max_properties):
         return
     for s in plan(schema).narrowable():
         types = _types(s)
@@ -256,3 +260,9 @@ def cap_lengths(schema: dict, caps: Caps, format_limits: dict[str, int]) -> None
                 s["maxLength"] = cap
         if caps.max_items and (types is None or "array" in types) and "maxItems" not in s:
             s["maxItems"] = max(caps.max_items, _min(s, "minItems"))
+        if (caps.max_properties and (types is None or "object" in types) and "maxProperties" not in s
+                and (s.get("additionalProperties") is not False or "patternProperties" in s)):
+            listed = set(s["properties"]) if isinstance(s.get("properties"), dict) else set()
+            if isinstance(s.get("required"), list):
+                listed.update(k for k in s["required"] if isinstance(k, str))
+            s["maxProperties"] = max(caps.max_properties, _min(s, "minProperties"), len(listed))

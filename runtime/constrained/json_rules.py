@@ -132,11 +132,11 @@ def bound_runaway_values(schema: dict | bool, enabled: bool = True, formats: boo
     a $ref's siblings) names a key it does not list. In place."""
     if not enabled or not isinstance(schema, dict):
         return schema
-    if caps is not None:
-        cap_lengths(schema, caps, FORMAT_MAX_LENGTH)
     if closed_objects:
         for s in plan(schema).closable():
             s["additionalProperties"] = False
+    if caps is not None:  # after closing: a closed object needs no maxProperties
+        cap_lengths(schema, caps, FORMAT_MAX_LENGTH)
     stack = [schema]
     while stack:
         s = stack.pop()

@@ -16,6 +16,7 @@ in one call on llguidance's thread pool (`LLExecutor`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -106,10 +107,10 @@ def _levels(cfg: GrammarConfig) -> list[tuple[Caps | None, bool]]:
     with every schema (a maximum of 1e300 with the fraction bound; a length cap with an unanchored pattern whose
     emptiness it cannot decide), and then the next looser set is compiled, down to the schema's own bounds,
     rather than refusing a schema the user wrote correctly."""
-    caps = Caps(cfg.json_max_string_length, cfg.json_max_array_items)
+    caps = Caps(cfg.json_max_string_length, cfg.json_max_array_items, cfg.json_max_object_properties)
     cap_levels: list[Caps | None] = [None]
-    if caps.max_string or caps.max_items:
-        cap_levels = [caps, Caps(caps.max_string, caps.max_items, beside_patterns=False), None]
+    if caps.max_string or caps.max_items or caps.max_properties:
+        cap_levels = [caps, dataclasses.replace(caps, beside_patterns=False), None]
     numbers = (True, False) if cfg.json_bound_numbers else (False,)
     return [(c, n) for n in numbers for c in cap_levels]
 

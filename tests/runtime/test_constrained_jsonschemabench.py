@@ -75,10 +75,11 @@ def accepts(g: Grammar, ids: list[int], row: torch.Tensor) -> bool:
 
 def run_backend(name: str, tok, entries: list[dict]) -> Tally:  # noqa: ANN001
     tally = Tally()
-    # json_allow_extra_properties, json_bound_numbers=False, no string/array caps: the JSON Schema meaning (the
-    # server default closes listed-property objects, bounds fraction digits and caps strings and arrays)
+    # json_allow_extra_properties, json_bound_numbers=False, no caps: the JSON Schema meaning (the server
+    # default closes listed-property objects, bounds fraction digits and caps strings, arrays and maps)
     cfg = GrammarConfig(grammar_backend=name, grammar_compile_timeout=60.0, json_allow_extra_properties=True,
-                        json_bound_numbers=False, json_max_string_length=0, json_max_array_items=0)
+                        json_bound_numbers=False, json_max_string_length=0, json_max_array_items=0,
+                        json_max_object_properties=0)
     row = torch.zeros((tok.vocab_size + 31) // 32, dtype=torch.int32)
     with GrammarBackend.from_tokenizer(tok, cfg, num_workers=2) as be:
         futs = [be.submit("json_schema", json.dumps(e["schema"])) for e in entries]

