@@ -59,42 +59,6 @@ def _as_list(v: Any) -> list[dict]:
     return [x for x in (v if isinstance(v, list) else [v]) if isinstance(x, dict)]
 
 
-def _keys(root: dict, s: dict, seen: set[int], skip_any_of: bool = False) -> frozenset[str] | None:
-    """Property names `s` and the subschemas it applies to the same instance list or require (anyOf/oneOf
-    branches included: any of them may be the one that holds). None where a $ref does not resolve."""
-    if id(s) in seen:  # a same-instance cycle names nothing new
-        return frozenset()
-    seen.add(id(s))
-    out: set[str] = set(s["properties"]) if isinstance(s.get("properties"), dict) else set()
-    if isinstance(s.get("required"), list):
-        out.update(k for k in s["required"] if isinstance(k, str))
-    partners: list[dict] = []
-    for k in ("dependentRequired", "dependencies"):
-        for name, v in (s[k].items() if isinstance(s.get(k), dict) else ()):
-            out.add(name)
-            if isinstance(v, list):
-                out.update(x for x in v if isinstance(x, str))
-            partners.extend(_as_list(v))
-    if isinstance(s.get("dependentSchemas"), dict):
-        out.update(s["dependentSchemas"])
-        partners.extend(_as_list(list(s["dependentSchemas"].values())))
-    for k in (*_CONJUNCTS_LISTS, *(() if skip_any_of else ("anyOf", "oneOf"))):
-        partners.extend(_as_list(s.get(k)))
-    for k in _CONJUNCTS_ONE:
-        partners.extend(_as_list(s.get(k)))
-    if isinstance(s.get("$ref"), str):
-        target = ref_target(root, s["$ref"])
-        if target is None:
-            return None
-        partners.append(target)
-    for p in partners:
-        sub = _keys(root, p, seen)
-        if sub is None:
-            return None
-        out |= sub
-    return frozenset(out)
-
-
 @dataclass
 class Plan:
     """Per subschema reached from the root (by id): whether a tainted path reaches it, and the keys that other
@@ -105,6 +69,54 @@ class Plan:
     tainted: set[int] = field(default_factory=set)
     partner_keys: dict[int, frozenset[str] | None] = field(default_factory=dict)
     unresolved: bool = False  # some $ref did not resolve: its target could be reached on a path not walked
+    _keys_memo: dict[tuple[int, bool], frozenset[str] | None] = field(default_factory=dict)
+    _in_progress: set[int] = field(default_factory=set)
+
+    def keys(self, s: dict, skip_any_of: bool = False) -> frozenset[str] | None:
+        """Property names `s` and the subschemas it applies to the same instance list or require (anyOf/oneOf
+        branches included: any of them may be the one that holds; skip_any_of: not `s`'s own anyOf). None
+        where a $ref does not resolve, is dynamic (not followed here) or leads back to `s` on the same instance
+        (a schema no validator finishes). Memoized: the schema is not changed while a Plan is used."""
+        memo_key = (id(s), skip_any_of)
+        if memo_key in self._keys_memo:
+            return self._keys_memo[memo_key]
+        if id(s) in self._in_progress or "$dynamicRef" in s or "$recursiveRef" in s:
+            return None
+        self._in_progress.add(id(s))
+        try:
+            out = self._own_keys(s, skip_any_of)
+        finally:
+            self._in_progress.discard(id(s))
+        self._keys_memo[memo_key] = out
+        return out
+
+    def _own_keys(self, s: dict, skip_any_of: bool) -> frozenset[str] | None:
+        out: set[str] = set(s["properties"]) if isinstance(s.get("properties"), dict) else set()
+        if isinstance(s.get("required"), list):
+            out.update(k for k in s["required"] if isinstance(k, str))
+        partners: list[dict] = []
+        for k in ("dependentRequired", "dependencies"):
+            for name, v in (s[k].items() if isinstance(s.get(k), dict) else ()):
+                out.add(name)
+                if isinstance(v, list):
+                    out.update(x for x in v if isinstance(x, str))
+                partners.extend(_as_list(v))
+        if isinstance(s.get("dependentSchemas"), dict):
+            out.update(s["dependentSchemas"])
+            partners.extend(_as_list(list(s["dependentSchemas"].values())))
+        for k in (*_CONJUNCTS_LISTS, "oneOf", *(() if skip_any_of else ("anyOf",)), *_CONJUNCTS_ONE):
+            partners.extend(_as_list(s.get(k)))
+        if isinstance(s.get("$ref"), str):
+            target = ref_target(self.root, s["$ref"])
+            if target is None:
+                return None
+            partners.append(target)
+        for p in partners:
+            sub = self.keys(p)
+            if sub is None:
+                return None
+            out |= sub
+        return frozenset(out)
 
     def narrowable(self) -> list[dict]:
         """Subschemas a rewrite may narrow (nothing when a $ref did not resolve)."""
@@ -121,7 +133,7 @@ class Plan:
                 continue
             if isinstance(s.get("minProperties"), int) and s["minProperties"] > len(props):
                 continue
-            own = _keys(self.root, s, set())
+            own = self.keys(s)
             if own is not None and (outer | own) <= props.keys():
                 out.append(s)
         return out
@@ -145,7 +157,7 @@ def plan(root: dict) -> Plan:
         if tainted:
             p.tainted.add(i)
         tainted = i in p.tainted
-        own = _keys(root, s, set())
+        own = p.keys(s)
         group = None if outer is None or own is None else outer | own
         for k in _CHILD_MAPS:
             if isinstance(s.get(k), dict):
@@ -161,13 +173,15 @@ def plan(root: dict) -> Plan:
             if isinstance(d, dict):
                 stack.extend((x, tainted, group) for x in _as_list(list(d.values())))
         # an anyOf branch shares the instance with its parent's other keywords, not with its sibling branches
-        beside = _keys(root, s, set(), skip_any_of=True)
+        beside = p.keys(s, skip_any_of=True)
         branch_outer = None if outer is None or beside is None else outer | beside
         stack.extend((x, tainted, branch_outer) for x in _as_list(s.get("anyOf")))
         for k in _TAINT_ONE:
             stack.extend((x, True, None) for x in _as_list(s.get(k)))
         for k in _TAINT_LISTS:
             stack.extend((x, True, None) for x in _as_list(s.get(k)))
+        if "$dynamicRef" in s or "$recursiveRef" in s:
+            p.unresolved = True  # its target depends on the evaluation path: not followed
         if isinstance(s.get("$ref"), str):
             target = ref_target(root, s["$ref"])
             if target is None:
@@ -235,7 +249,7 @@ class Caps:
     untyped: bool = True
 
 
-def cap_lengths(schema: dict, caps: Caps, format_limits: dict[str, int]) -> None:
+def cap_lengths(schema: dict, caps: Caps, format_limits: dict[str, int], where: Plan | None = None) -> None:
     """In place, on the narrowable subschemas (see `plan`): a string without maxLength, enum or const gets
     maxLength = max(caps.max_string, its minLength) (for a format with a standard limit, the smaller of that and
     the cap); an array without maxItems gets maxItems = max(caps.max_items, its minItems); an object that admits
@@ -247,7 +261,7 @@ def cap_lengths(schema: dict, caps: Caps, format_limits: dict[str, int]) -> None
     does one without `type` that combines others (allOf/anyOf/oneOf/not/if: its branches do)."""
     if not (caps.max_string or caps.max_items or caps.max_properties):
         return
-    for s in plan(schema).narrowable():
+    for s in (where or plan(schema)).narrowable():
         types = _types(s)
         if "enum" in s or "const" in s or "$ref" in s:
             continue

@@ -132,11 +132,12 @@ def bound_runaway_values(schema: dict | bool, enabled: bool = True, formats: boo
     a $ref's siblings) names a key it does not list. In place."""
     if not enabled or not isinstance(schema, dict):
         return schema
-    if closed_objects:
-        for s in plan(schema).closable():
+    where = plan(schema) if closed_objects or caps is not None else None
+    if closed_objects and where is not None:
+        for s in where.closable():
             s["additionalProperties"] = False
-    if caps is not None:  # after closing: a closed object needs no maxProperties
-        cap_lengths(schema, caps, FORMAT_MAX_LENGTH)
+    if caps is not None:  # after closing (a closed object needs no maxProperties); the plan stays valid: closing
+        cap_lengths(schema, caps, FORMAT_MAX_LENGTH, where)  # adds no subschema and no key a plan reads
     stack = [schema]
     while stack:
         s = stack.pop()
