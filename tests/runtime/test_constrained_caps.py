@@ -88,6 +88,8 @@ def test_patterns_and_formats() -> None:
     assert p["mail"]["maxLength"] == 8
     wide = capped({"type": "string", "format": "email"}, Caps(4096, 0))
     assert wide["maxLength"] == FORMAT_MAX_LENGTH["email"]  # the format's own limit is the smaller
+    assert capped({"type": "string", "format": "date-time"}, Caps(4096, 0))["maxLength"] == 64
+    assert capped({"type": "string", "format": "date-time"}, Caps(0, 0))["maxLength"] == 64  # a format bound
     x = capped({"type": "object", "properties": {"p": {"type": "string", "pattern": "^[a-z]+$"},
                                                  "f": {"type": "string", "format": "date"}, "s": STR}},
                XGR)["properties"]
