@@ -1,5 +1,6 @@
 """One question: per batch size, which CPU linear is fastest on SmolLM2's shapes: dense float32, dense bfloat16,
-torch._weight_int8pack_mm (int8 per channel) or torch._weight_int4pack_mm_for_cpu (int4, group 32)?
+torch._weight_int8pack_mm (int8 per channel), torch._weight_int4pack_mm_for_cpu (int4, group 32), or kernels/cpu's
+native block GEMVs (q8: int8 blocks of 32, q4: Q4_1 blocks; float32 activations rounded to int8 per block)?
 
 Each round times every (shape, M, kernel) once, alternating kernels inside a round; medians over rounds of the
 per-call time (each timing = --calls back-to-back calls). Prints a table of microseconds per call summed over
@@ -20,7 +21,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kernels.quant import linear, quantize, to_kernel  # noqa: E402
+from kernels.cpu.ops import panels_preferred  # noqa: E402
+from kernels.quant import PanelWeight, linear, quantize, set_cpu_kernel, to_kernel  # noqa: E402
+from kernels.quant.cpu_blocks import native_available  # noqa: E402
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
 
@@ -35,17 +38,27 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     weights = {}
+    # panels: float32 in kernels/cpu/linear.cpp's column panels, the dense copies' form on AVX2 CPUs without AVX-512
+    kinds = ["fp32", "bf16", "int8", "int4"] + (["panels"] if panels_preferred() else []) + (
+        ["q8", "q4"] if native_available() else [])
     for name, (n, k) in SHAPES.items():
         w = torch.randn(n, k, generator=g) * 0.05
+        set_cpu_kernel("torch")
         weights[name] = {"fp32": w, "bf16": w.bfloat16(), "int8": to_kernel(quantize(w, "int8", 0), "cpu"),
                          "int4": to_kernel(quantize(w, "int4", 32), "cpu")}
-    kinds = ["fp32", "bf16", "int8", "int4"]
+        if "panels" in kinds:
+            weights[name]["panels"] = PanelWeight(w)
+        if "q4" in kinds:
+            set_cpu_kernel("native")
+            weights[name] |= {"q8": to_kernel(quantize(w, "int8", 0), "cpu"),
+                              "q4": to_kernel(quantize(w, "int4", 32), "cpu")}
     times: dict[tuple[str, int, str], list[float]] = {}
     for _ in range(args.rounds):
         for m in map(int, args.batches.split(",")):
             for name, (_, k) in SHAPES.items():
                 for kind in kinds:
-                    x = torch.randn(m, k, generator=g).to(torch.float32 if kind == "fp32" else torch.bfloat16)
+                    x = torch.randn(m, k, generator=g).to(torch.bfloat16 if kind in ("bf16", "int8", "int4")
+                                                           else torch.float32)
                     w = weights[name][kind]
                     linear(x, w)
                     t0 = time.perf_counter()

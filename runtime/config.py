@@ -41,6 +41,13 @@ class ModelConfig:
     kernels (they read 2-4x fewer bytes, so they win alone; torch's CPU ones loop over rows, so a dense GEMM wins
     at batch: bench/results/quant_kernels.md, quant.md). The copies cost 2 (bfloat16) or 4 (float32) bytes per
     parameter. 0: no copies (prefill then dequantizes each weight per call)."""
+    quantization_kernel: str = "auto"
+    """CPU, int4/int8 weights: the weight-only kernel for calls below --quantization-dense-rows rows (decode).
+    native: kernels/cpu's AVX2 GEMV on GGUF-style blocks (Q4_1 / Q8_0 layouts; activations rounded to int8 per
+    block of 32, as llama.cpp does; 2-3x faster than torch's at batch 1, bench/results/quant.md); torch: torch's
+    _weight_int4pack_mm_for_cpu / _weight_int8pack_mm (bfloat16 activations); auto: native on x86 CPUs with
+    AVX2, FMA and F16C where kernels/cpu builds, else torch. A Q8_0 tensor keeps its block scales under native;
+    torch's int8 kernel needs one scale per output channel, so there it is re-rounded."""
     device: str = "auto"
     """Device to run on: auto, cpu or cuda."""
     context_length: int | None = None
@@ -374,6 +381,8 @@ def _resolve_quantization(model: ModelConfig) -> str:
     q = model.quantization
     if q not in QUANTIZATION_MODES:
         raise ValueError(f"unknown --quantization {q!r} (one of {', '.join(QUANTIZATION_MODES)})")
+    if model.quantization_kernel not in ("auto", "native", "torch"):
+        raise ValueError(f"unknown --quantization-kernel {model.quantization_kernel!r} (auto, native or torch)")
     if model.quantization_dense_rows < 0:
         raise ValueError(f"--quantization-dense-rows must be >= 0, got {model.quantization_dense_rows}")
     if model.quantization_group_size not in (32, 64, 128, 256):

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("attention.cpp")
-SOURCES = [SOURCE, SOURCE.with_name("elementwise.cpp"), SOURCE.with_name("linear.cpp")]  # one extension: every op
+SOURCES = [SOURCE, SOURCE.with_name("elementwise.cpp"), SOURCE.with_name("linear.cpp"),
+           SOURCE.with_name("quant_gemv.cpp")]  # one extension: every op
 CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-DNDEBUG"]
 DEFAULT_CACHE = Path.home() / ".cache" / "radixgen" / "kernels"
 

@@ -48,6 +48,14 @@ def load() -> None:
     def _linear_fake(x, panels):
         return x.new_empty((x.shape[0], panels.shape[0] * panels.shape[2]))
 
+    @torch.library.register_fake("radixgen::q4_linear")
+    def _q4_fake(x, qs, dm):
+        return x.new_empty((x.shape[0], qs.shape[0]))
+
+    @torch.library.register_fake("radixgen::q8_linear")
+    def _q8_fake(x, codes, d):
+        return x.new_empty((x.shape[0], codes.shape[0]))
+
     @torch.library.register_fake("radixgen::attn_extend")
     def _extend_fake(q, k, v, k_cache, v_cache, layer, out_cache_loc, req_to_token, req_pool_indices,
                      prefix_lens, extend_lens, shared_len, scale):
@@ -117,6 +125,26 @@ def unpack_panels(panels: torch.Tensor) -> torch.Tensor:
 def linear_panels(x: torch.Tensor, panels: torch.Tensor) -> torch.Tensor:
     """x [M, K] float32 @ W^T -> [M, N] on W packed by pack_panels (call load() first)."""
     return torch.ops.radixgen.linear_panels(x, panels)
+
+
+# Weight-only block linears of kernels/cpu/quant_gemv.cpp (layouts: kernels/quant/cpu_blocks.py; load() first).
+
+
+def q4_linear(x: torch.Tensor, qs: torch.Tensor, dm: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float32 @ W^T -> [M, N] float32, W in 4-bit blocks of 32: qs uint8 [N, K / 2] (GGUF Q4_1 nibble
+    order), dm float16 [N, 2, K / 32] (d then m; W = d * q + m); x is rounded to int8 per block of 32."""
+    return torch.ops.radixgen.q4_linear(x, qs, dm)
+
+
+def q8_linear(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float32 @ W^T -> [M, N] float32, W = d * codes: codes int8 [N, K], d float16 [N, K / 32]."""
+    return torch.ops.radixgen.q8_linear(x, codes, d)
+
+
+def q_gemv_native() -> bool:
+    """Whether the block linears were built with their AVX2 kernels (else the portable scalar twin)."""
+    load()
+    return bool(torch.ops.radixgen.q_gemv_native())
 
 
 def bf16_attn_gemm(mode: str = "auto") -> str:

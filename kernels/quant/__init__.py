@@ -7,6 +7,7 @@ the model calls through `linear(x, w)` exactly like a dense weight. In between, 
   gguf_blocks  GGUF Q4_0 / Q4_1 / Q8_0 / Q4_K bytes <-> codes + block parameters (exact both ways)
   rtn          round-to-nearest int4 / int8 / fp8 with group scales, and the float32 references
   weights      Int4Weight / Int8Weight / Fp8Weight (CPU torch ops, CUDA Triton) and `linear`
+  cpu_blocks   Q4BlockWeight / Q8BlockWeight: GGUF-style blocks for kernels/cpu's native GEMV (CPU decode)
   triton_mm    the Triton dequant-matmul kernel (GPU; CPU interpreter in tests)
 """
 
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.quant import gguf_blocks, rtn
+from kernels.quant.cpu_blocks import Q4BlockWeight, Q8BlockWeight, set_cpu_kernel, use_native
 from kernels.quant.weights import (
     Fp8Weight,
     Int4Weight,
@@ -35,9 +37,9 @@ from kernels.quant.weights import (
 MODES = ("none", "int8", "int4", "fp8")
 
 __all__ = [
-    "MODES", "Fp8Weight", "Int4Weight", "Int8Weight", "PanelWeight", "QTensor", "QuantEmbedding", "QuantWeight",
-    "cat_rows", "embedding", "from_gguf", "keep_dense_copies", "linear", "pack_dense_panels", "quantize",
-    "to_kernel", "weight_nbytes",
+    "MODES", "Fp8Weight", "Int4Weight", "Int8Weight", "PanelWeight", "Q4BlockWeight", "Q8BlockWeight", "QTensor",
+    "QuantEmbedding", "QuantWeight", "cat_rows", "embedding", "from_gguf", "keep_dense_copies", "linear",
+    "pack_dense_panels", "quantize", "set_cpu_kernel", "to_kernel", "weight_nbytes",
 ]
 
 
@@ -109,9 +111,15 @@ def from_gguf(blocks: gguf_blocks.Blocks) -> QTensor:
 
 
 def to_kernel(q: QTensor, device: torch.device | str) -> QuantWeight:
-    """Pack a QTensor into the device's kernel layout. On CPU an int8 weight with group scales (GGUF Q8_0) is
-    re-rounded to one scale per output channel (the CPU int8 kernel has no groups): codes change by at most
-    half a per-channel step; everything else keeps its codes exactly."""
+    """Pack a QTensor into the device's kernel layout. On CPU: kernels/quant/cpu_blocks.py's block layouts where
+    the native kernels run (set_cpu_kernel), codes kept exactly; else torch's, where an int8 weight with group
+    scales (GGUF Q8_0) is re-rounded to one scale per output channel (torch's CPU int8 kernel has no groups):
+    codes change by at most half a per-channel step."""
+    cpu = torch.device(device).type == "cpu"
+    if cpu and q.kind in ("int4", "int8") and use_native(q.shape[1], q.group):
+        if q.kind == "int4":
+            return Q4BlockWeight(q.codes, q.scale, q.zero)
+        return Q8BlockWeight(q.codes, q.scale)
     if q.kind == "int4":
         return Int4Weight(q.codes, q.scale, q.zero, device)
     if q.kind == "int8":

@@ -70,6 +70,10 @@ class QuantWeight(nn.Module):
         """The weight the kernel multiplies by, float32 [N, K] (the tests' reference)."""
         raise NotImplementedError
 
+    def takes_dense_copy(self) -> bool:
+        """Whether keep_dense_copies gives this weight a dense copy (CPU layouts that dense_weight can unpack)."""
+        return False
+
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -112,6 +116,9 @@ class Int4Weight(QuantWeight):
             sz = torch.stack([scale.float().t(), zero.float().t()], dim=-1)  # [K / G, N, 2]
             self.register_buffer("scale_zero", sz.to(CPU_ACT).contiguous())
         self.register_buffer("dense", None)
+
+    def takes_dense_copy(self) -> bool:
+        return not self.cuda_layout and self.unpackable
 
     def codes(self) -> torch.Tensor:
         """Unpack the kernel layout back to uint8 codes [N, K] (exact)."""
@@ -168,6 +175,9 @@ class Int8Weight(QuantWeight):
     def dequantize(self) -> torch.Tensor:
         return rtn.dequantize_scaled(self.codes.cpu(), self.scale.float().cpu())
 
+    def takes_dense_copy(self) -> bool:
+        return not self.cuda_layout
+
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         return self.codes.to(dtype) * self.scale.to(dtype)
 
@@ -205,7 +215,7 @@ class Fp8Weight(QuantWeight):
 
 
 def keep_dense_copies(model: nn.Module, min_rows: int, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Give every CPU-layout Int4/Int8 weight of `model` a copy in `dtype` (the model's) used from `min_rows` rows
+    """Give every CPU-layout quantized weight of `model` (torch's or kernels/quant/cpu_blocks.py's) a copy in `dtype` (the model's) used from `min_rows` rows
     per call on (decode batches of that size and prefill run one dense GEMM; smaller batches the weight-only
     kernels, which read 2-4x fewer bytes). Returns the bytes added. The copy is a buffer, so a compiled forward
     freezes and prepacks it like a dense weight (panels go to their custom op as they are). Copies of the exact dequantized values (bf16 scales, integer
@@ -218,9 +228,7 @@ def keep_dense_copies(model: nn.Module, min_rows: int, dtype: torch.dtype = torc
         cpu_ops.load()
     added = 0
     for m in model.modules():
-        if isinstance(m, (Int4Weight, Int8Weight)) and not m.cuda_layout:
-            if isinstance(m, Int4Weight) and not m.unpackable:
-                continue  # no unpack for this layout: the int4 kernel at every batch size
+        if isinstance(m, QuantWeight) and m.takes_dense_copy():  # else the quantized kernel at every batch size
             m.dense = m.dense_weight(dtype).contiguous()
             if panels and m.out_features % cpu_ops.PANEL == 0:
                 m.dense = cpu_ops.pack_panels(m.dense)  # [N / 16, K, 16]: linear_panels beats MKL here

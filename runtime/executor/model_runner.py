@@ -60,6 +60,8 @@ class ModelRunner:
         if threads and self.device.type == "cpu":
             torch.set_num_threads(threads)
         self.model_path = resolve_model_path(mc.model_path)
+        if self.device.type == "cpu":
+            quant.set_cpu_kernel(mc.quantization_kernel)  # the layout CPU quantized weights are packed in
         arch, weights = load_weights(self.model_path, self.dtype, progress, mc.quantization,
                                      mc.quantization_group_size)
         quantized = describe_quantized(weights)

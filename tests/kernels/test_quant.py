@@ -3,6 +3,9 @@
 Tolerances. GGUF unpack/pack and dequantize: exact (bytes and float32 bits). The CPU int4/int8 kernels take
 bfloat16 activations and return bfloat16: the reference is x rounded to bf16 times the dequantized weight in
 float32, and the error allowed is 2^-7 of the output's max (bf16 output rounding plus accumulation order).
+The native CPU kernels (kernels/cpu/quant_gemv.cpp, --quantization-kernel native) round x to int8 per block of
+32: the error allowed is that rounding's own bound, sum over blocks of max|x_b| / 254 * sum|w_b| (plus 1e-5 of
+|x| @ |w|^T for float32 sums). CPU tests run under both kernels (the `cpu_kernel` fixture).
 The Triton kernel with float32 x dots in IEEE float32: 1e-5 relative to the output's max.
 """
 
@@ -14,27 +17,28 @@ import pytest
 import torch
 
 from kernels.cpu import ops
-from kernels.quant import QuantEmbedding, cat_rows, from_gguf, gguf_blocks, linear, quantize, rtn, to_kernel
+from kernels.quant import (
+    QuantEmbedding,
+    cat_rows,
+    from_gguf,
+    gguf_blocks,
+    linear,
+    quantize,
+    rtn,
+    set_cpu_kernel,
+    to_kernel,
+)
+from kernels.quant.cpu_blocks import native_available
 from kernels.quant.weights import Fp8Weight, Int4Weight, Int8Weight
+from tests.kernels.quant_ref import q8_activation_bound, random_blocks
 
 GGUF_TYPES = {k: getattr(gguf.GGMLQuantizationType, k) for k in gguf_blocks.KINDS}
-
-
-def _random_blocks(kind: str, n: int, k: int, seed: int) -> np.ndarray:
-    """Random raw block bytes [n, row_bytes] with finite, moderate f16 scales."""
-    rng = np.random.default_rng(seed)
-    nb = k // gguf_blocks.BLOCK_WEIGHTS[kind]
-    raw = rng.integers(0, 256, size=(n, nb, gguf_blocks.BLOCK_BYTES[kind]), dtype=np.uint8)
-    n_f16 = {"Q4_0": 1, "Q4_1": 2, "Q8_0": 1, "Q4_K": 2}[kind]
-    scales = (rng.standard_normal((n, nb, n_f16)) * 0.02).astype(np.float16)
-    raw[..., : 2 * n_f16] = scales.view(np.uint8).reshape(n, nb, 2 * n_f16)
-    return raw.reshape(n, -1)
 
 
 @pytest.mark.parametrize("kind", gguf_blocks.KINDS)
 @pytest.mark.parametrize("n,k", [(3, 256), (64, 512)])
 def test_gguf_blocks_unpack_pack_exact(kind: str, n: int, k: int) -> None:
-    raw = _random_blocks(kind, n, k, seed=n + k)
+    raw = random_blocks(kind, n, k, seed=n + k)
     blocks = gguf_blocks.unpack(raw, kind)
     assert blocks.codes.shape == (n, k)
     assert np.array_equal(gguf_blocks.pack(blocks), raw)
@@ -44,7 +48,7 @@ def test_gguf_blocks_unpack_pack_exact(kind: str, n: int, k: int) -> None:
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q4_K"])
 def test_gguf_group_affine_matches_file_values(kind: str) -> None:
-    raw = _random_blocks(kind, 8, 512, seed=1)
+    raw = random_blocks(kind, 8, 512, seed=1)
     blocks = gguf_blocks.unpack(raw, kind)
     codes, scale, zero = gguf_blocks.group_affine(blocks)
     ref = torch.from_numpy(gguf_blocks.dequantize(blocks))
@@ -55,7 +59,7 @@ def test_gguf_group_affine_matches_file_values(kind: str) -> None:
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q4_K"])
 @pytest.mark.parametrize("triton", [False, True])
 def test_int4_weight_repacks_gguf_codes_exactly(kind: str, triton: bool) -> None:
-    blocks = gguf_blocks.unpack(_random_blocks(kind, 128, 256, seed=2), kind)
+    blocks = gguf_blocks.unpack(random_blocks(kind, 128, 256, seed=2), kind)
     w = Int4Weight(*gguf_blocks.group_affine(blocks), "cpu", triton=triton)
     assert torch.equal(w.codes(), torch.from_numpy(blocks.codes))
     back = gguf_blocks.Blocks(kind, w.codes().numpy(), blocks.params)
@@ -86,6 +90,28 @@ def test_smollm_gguf_tensors_round_trip(smollm_path: str) -> None:
     assert seen == {"Q4_1", "Q8_0"}
 
 
+@pytest.fixture(params=["torch", "native"])
+def cpu_kernel(request: pytest.FixtureRequest):
+    """Packs CPU weights for torch's kernels or the native block kernels for the test, then back to auto."""
+    if request.param == "native" and not native_available():
+        pytest.skip("the native block kernels need x86 AVX2/FMA/F16C and a built kernels/cpu")
+    set_cpu_kernel(request.param)
+    yield request.param
+    set_cpu_kernel("auto")
+
+
+def assert_kernel_close(kernel: str, y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    """y from `kernel` vs x @ w^T (x [M, K], w the dequantized weight [N, K]), within that kernel's tolerance."""
+    if kernel == "native":
+        ref = x.float() @ w.t()
+        bound = q8_activation_bound(x, w)
+        if y.dtype == torch.bfloat16:  # the output's own rounding
+            bound = bound + ref.abs() * 2**-8
+        assert ((y.float() - ref).abs() <= bound).all(), (y.float() - ref).abs().max()
+    else:
+        _assert_bf16_close(y, _bf16_ref(x, w))
+
+
 def _bf16_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16).float() @ w.t()
 
@@ -101,37 +127,47 @@ SHAPES = [(1, 64, 128), (3, 192, 256), (32, 128, 512), (17, 576, 128), (300, 128
 @pytest.mark.parametrize("m,n,k", SHAPES)
 @pytest.mark.parametrize("group", [32, 128])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpu_int4_linear_matches_reference(m: int, n: int, k: int, group: int, dtype: torch.dtype) -> None:
+def test_cpu_int4_linear_matches_reference(m: int, n: int, k: int, group: int, dtype: torch.dtype,
+                                           cpu_kernel: str) -> None:
     g = torch.Generator().manual_seed(m + n + k)
     w = torch.randn(n, k, generator=g) * 0.05
     qw = to_kernel(quantize(w, "int4", group), "cpu")
     x = torch.randn(2, m, k, generator=g).to(dtype)  # a leading batch dim: linear flattens it
     y = linear(x, qw)
     assert y.shape == (2, m, n) and y.dtype == dtype
-    _assert_bf16_close(y.reshape(-1, n), _bf16_ref(x.reshape(-1, k), qw.dequantize()))
+    if m >= 256:  # the dense path: x in its dtype times the dequantized weight
+        _assert_bf16_close(y.reshape(-1, n), _bf16_ref(x.reshape(-1, k), qw.dequantize()))
+    else:
+        assert_kernel_close(cpu_kernel, y.reshape(-1, n), x.reshape(-1, k), qw.dequantize())
     assert torch.equal(qw.codes(), rtn.quantize_int4(w, group)[0])
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_cpu_int8_linear_matches_reference(m: int, n: int, k: int) -> None:
+def test_cpu_int8_linear_matches_reference(m: int, n: int, k: int, cpu_kernel: str) -> None:
     g = torch.Generator().manual_seed(m * n)
     w = torch.randn(n, k, generator=g) * 0.05
     qw = to_kernel(quantize(w, "int8", 0), "cpu")
     x = torch.randn(m, k, generator=g)
     bias = torch.randn(n, generator=g)
-    _assert_bf16_close(linear(x, qw, bias), _bf16_ref(x, qw.dequantize()) + bias)
+    if m >= 256:
+        _assert_bf16_close(linear(x, qw, bias), _bf16_ref(x, qw.dequantize()) + bias)
+    else:
+        assert_kernel_close(cpu_kernel, linear(x, qw, bias) - bias, x, qw.dequantize())
 
 
-def test_fused_rows_and_q8_0_on_cpu() -> None:
-    """cat_rows fuses QKV-style parts exactly; a grouped int8 (Q8_0) weight runs per-channel on CPU within
-    half a per-channel step of its file values."""
+def test_fused_rows_and_q8_0_on_cpu(cpu_kernel: str) -> None:
+    """cat_rows fuses QKV-style parts exactly; a grouped int8 (Q8_0) weight keeps its file values exactly under
+    the native kernels and runs per-channel under torch's, within half a per-channel step of them."""
     g = torch.Generator().manual_seed(5)
     parts = [quantize(torch.randn(n, 128, generator=g), "int4", 32) for n in (64, 128)]
     fused = cat_rows(parts)
     assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in parts]))
-    blocks = gguf_blocks.unpack(_random_blocks("Q8_0", 64, 256, seed=6), "Q8_0")
+    blocks = gguf_blocks.unpack(random_blocks("Q8_0", 64, 256, seed=6), "Q8_0")
     q = from_gguf(blocks)
     w = to_kernel(q, "cpu")
+    if cpu_kernel == "native":
+        assert torch.equal(w.dequantize(), q.dequantize())
+        return
     step = w.scale.float()  # [N, 1], bfloat16 on CPU: |q| <= 127 codes times a 2^-9 relative scale error
     assert ((w.dequantize() - q.dequantize()).abs() <= step / 2 + 127 * step * 2**-8).all()
 
@@ -171,23 +207,24 @@ def test_triton_dequant_mm_matches_reference(m: int, n: int, k: int, group: int,
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
-def test_kept_dense_copies_dispatch_by_rows_and_equal_the_per_call_dequant(dtype) -> None:
+def test_kept_dense_copies_dispatch_by_rows_and_equal_the_per_call_dequant(dtype, cpu_kernel: str) -> None:
     """keep_dense_copies: each CPU int4/int8 weight gets a copy in the model's dtype equal to its per-call
     dequantization for activations of that dtype; calls with >= min_rows rows run on it (same result as the
     per-call dense path), fewer rows the quantized kernel (same result as without a copy); the bytes added are
-    2 (bf16) or 4 (float32) per parameter; weights it cannot unpack are left."""
+    2 (bf16) or 4 (float32) per parameter; weights it cannot unpack are left (torch's int4 layout at N = 80)."""
     from kernels.quant import keep_dense_copies
 
     g = torch.Generator().manual_seed(9)
     w = torch.randn(128, 256, generator=g) * 0.05
     model = torch.nn.ModuleList([to_kernel(quantize(w, "int4", 32), "cpu"), to_kernel(quantize(w, "int8", 0), "cpu"),
-                                 to_kernel(quantize(w[:80], "int4", 32), "cpu")])  # N = 80: no unpack
+                                 to_kernel(quantize(w[:80], "int4", 32), "cpu")])  # N = 80: torch's, no unpack
     x1, x8, x300 = (torch.randn(n, 256, generator=g).to(dtype) for n in (1, 8, 300))
     before = [(linear(x1, m), linear(x8, m), linear(x300, m)) for m in model]
     size = torch.empty((), dtype=dtype).element_size()
-    assert keep_dense_copies(model, 8, dtype) == 2 * size * 128 * 256
+    odd_copied = cpu_kernel == "native"  # the block layout unpacks at any N
+    assert keep_dense_copies(model, 8, dtype) == size * 256 * (2 * 128 + 80 * odd_copied)
     w4, w8, odd = model
-    assert odd.dense is None and w4.dense.dtype == w8.dense.dtype == dtype
+    assert (odd.dense is None) != odd_copied and w4.dense.dtype == w8.dense.dtype == dtype
     # float32 on an AVX2 CPU without AVX-512: the copies are column panels for kernels/cpu/linear.cpp
     panels = dtype == torch.float32 and ops.panels_preferred()
     assert w4.dense.dim() == (3 if panels else 2)
@@ -206,11 +243,11 @@ def test_kept_dense_copies_dispatch_by_rows_and_equal_the_per_call_dequant(dtype
             else:
                 assert torch.equal(linear(x8, m), ref8)
                 assert torch.equal(linear(x300, m), y300)  # the per-call dense path computed the same GEMM
-            _assert_bf16_close(linear(x8, m).float(), y8.float())  # vs the quantized kernel (bf16 activations)
+            assert_kernel_close(cpu_kernel, y8, x8, m.dequantize())  # what the quantized kernel gave before
     assert "dense" in dict(w4.named_buffers())  # a buffer: compiled forwards freeze and prepack it
 
 
-def test_quantized_linear_compiles_fullgraph() -> None:
+def test_quantized_linear_compiles_fullgraph(cpu_kernel: str) -> None:
     """The CPU weight-only ops trace under torch.compile (the engine's compiled forward) and match eager."""
     w = torch.randn(128, 256, generator=torch.Generator().manual_seed(3)) * 0.05
     w4, w8 = to_kernel(quantize(w, "int4", 32), "cpu"), to_kernel(quantize(w, "int8", 0), "cpu")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kernels import quant
+from kernels.quant.cpu_blocks import native_available
 from runtime.config import make_config, resolve
 from runtime.executor.greedy import greedy_generate
 from runtime.executor.model_runner import create_model_runner
@@ -49,20 +50,26 @@ def _paris_prompt(hf_smollm) -> list[int]:
     return tok.encode(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
 
 
-@pytest.mark.parametrize("mode", ["auto", "int8"])
-def test_quantized_smollm_answers_paris(mode: str, smollm_path, smollm_runner, hf_smollm) -> None:
+@pytest.mark.parametrize("mode,kernel", [("auto", "native"), ("auto", "torch"), ("int8", "native"),
+                                         ("int8", "torch")])
+def test_quantized_smollm_answers_paris(mode: str, kernel: str, smollm_path, smollm_runner, hf_smollm) -> None:
     """auto keeps the file's Q4_1 codes (int4 kernel) and its Q8_0 embedding; int8 re-rounds every linear per
     channel. The fused QKV weight (Q/K rows un-permuted) dequantizes to the float model's within the bf16
-    rounding of the f16 scales (auto) or half an int8 step (int8); greedy decoding still answers Paris."""
-    runner = create_model_runner(make_config(model_path=smollm_path, max_total_tokens=512, quantization=mode),
-                                 progress=False)
+    rounding of the f16 scales (auto) or half an int8 step (int8); greedy decoding still answers Paris, under
+    torch's weight-only kernels and the native block kernels (--quantization-kernel) alike."""
+    if kernel == "native" and not native_available():
+        pytest.skip("the native block kernels need x86 AVX2/FMA/F16C and a built kernels/cpu")
+    runner = create_model_runner(make_config(model_path=smollm_path, max_total_tokens=512, quantization=mode,
+                                             quantization_kernel=kernel), progress=False)
     from runtime.config import cpu_has_native_bf16
 
     assert runner.dtype == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
     ref_w = smollm_runner.model.layers[3].w_qkv  # dense float32: a Parameter, or column panels on AVX2 CPUs
     ref = (ref_w.dequantize() if isinstance(ref_w, quant.PanelWeight) else ref_w).float()
     w = runner.model.layers[3].w_qkv
-    assert isinstance(w, quant.Int4Weight if mode == "auto" else quant.Int8Weight)
+    kinds = {("auto", "torch"): quant.Int4Weight, ("int8", "torch"): quant.Int8Weight,
+             ("auto", "native"): quant.Q4BlockWeight, ("int8", "native"): quant.Q8BlockWeight}
+    assert isinstance(w, kinds[mode, kernel])
     err = (w.dequantize() - ref).abs().max().item()
     assert err <= (2**-8 if mode == "auto" else 2**-6) * ref.abs().max().item(), err
     # the quantized weights read by a batch-1 step; batched calls use copies in the model's dtype
