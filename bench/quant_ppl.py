@@ -9,6 +9,11 @@ auto (the file's Q4_1 codes kept, int4 kernel). Writes bench/results/quant_ppl.m
 
     python bench/quant_ppl.py [--tokens 20480] [--window 1024]
 The transformers reference NLL is cached in bench/results/quant_ppl_hf.json per token set (it takes minutes).
+
+A window is one forward of --window rows, so every linear runs the dense path (a call of >= 8 rows). To score the
+decode kernels instead (the weight-only kernels that serve calls of fewer rows), --rows-per-call 7 feeds each
+window as consecutive extends of 7 tokens over the cached prefix; --modes picks the runs, a mode's third field
+being its --quantization-kernel, e.g. `--rows-per-call 7 --modes none:float32,auto:float32:native,auto:float32:torch`.
 """
 
 from __future__ import annotations
@@ -63,15 +68,24 @@ def windows(tokens: list[int], window: int, total: int) -> list[list[int]]:
     return [tokens[i : i + window] for i in range(0, len(tokens) - window + 1, window)]
 
 
-def nll_radixgen(runner, chunk: list[int]) -> float:
-    """Sum of -log p(token | previous) over the window's tokens 1..W-1."""
+def nll_radixgen(runner, chunk: list[int], rows_per_call: int = 0) -> float:
+    """Sum of -log p(token | previous) over the window's tokens 1..W-1; rows_per_call > 0: the window goes in as
+    extends of that many tokens, each over the KV of the ones before it."""
     slots = runner.allocator.alloc(len(chunk))
     row = runner.req_to_token.alloc_row()
+    step = rows_per_call or len(chunk)
     try:
         runner.req_to_token.write(row, 0, slots)
-        fb = ForwardBatch.build([chunk], [0], slots, [row], num_decode=0,
-                                logits_indices=list(range(len(chunk) - 1)))
-        logits = runner.forward(fb).float()
+        parts = []
+        for i in range(0, len(chunk), step):
+            piece = chunk[i : i + step]
+            scored = [j for j in range(len(piece)) if i + j < len(chunk) - 1]
+            if not scored:  # the window's last token predicts nothing, but its part still needs no forward
+                break
+            fb = ForwardBatch.build([piece], [i], slots[i : i + len(piece)], [row], num_decode=0,
+                                    logits_indices=scored)
+            parts.append(runner.forward(fb).float())
+        logits = torch.cat(parts)
     finally:
         runner.allocator.free(slots)
         runner.req_to_token.free_row(row)
@@ -89,6 +103,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=20480)
     ap.add_argument("--window", type=int, default=1024)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "quant_ppl.md"))
+    ap.add_argument("--rows-per-call", type=int, default=0, help="0: a window per forward (the dense path)")
+    ap.add_argument("--modes", default=",".join(f"{m}:{d}" for m, d in MODES),
+                    help="quantization:dtype[:kernel] runs, comma-separated")
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     path = default_model_path()
@@ -112,18 +129,24 @@ def main() -> None:
         del hf
     rows.append(("transformers (GGUF dequantized), float32", cached[key], 0.0, "-"))
     print(rows[-1], flush=True)
-    for mode, dtype in MODES:
-        runner = create_model_runner(make_config(quantization=mode, dtype=dtype, max_total_tokens=args.window * 2),
-                                     progress=False)
+    for spec in args.modes.split(","):
+        mode, dtype, kernel = (spec.split(":") + ["auto"])[:3]
+        runner = create_model_runner(make_config(quantization=mode, dtype=dtype, max_total_tokens=args.window * 2,
+                                                 quantization_kernel=kernel), progress=False)
         t0 = time.time()
-        nll = sum(nll_radixgen(runner, c) for c in chunks)
+        nll = sum(nll_radixgen(runner, c, args.rows_per_call) for c in chunks)
         mb = f"{runner.weights_bytes / 2**20:.1f}"
-        rows.append((f"radixgen --quantization {mode} --dtype {dtype}", nll / scored, time.time() - t0, mb))
+        name = f"radixgen --quantization {mode} --dtype {dtype}" + (
+            f" --quantization-kernel {kernel}" if kernel != "auto" else "")
+        rows.append((name, nll / scored, time.time() - t0, mb))
         print(rows[-1], flush=True)
         del runner
     ref = rows[0][1]
+    feed = (f"each window fed as extends of {args.rows_per_call} tokens (calls of < 8 rows: the decode kernels)"
+            if args.rows_per_call else "one forward per window (the dense path)")
     lines = [f"Corpus: docstrings of {len(MODULES)} Python {sys.version.split()[0]} standard-library modules "
-             f"(bench/quant_ppl.py:corpus), {len(chunks)} windows of {args.window} tokens, {scored} tokens scored.",
+             f"(bench/quant_ppl.py:corpus), {len(chunks)} windows of {args.window} tokens, {scored} tokens scored; "
+             f"{feed}.",
              "", "| run | weights MB | mean NLL | perplexity | vs first row |", "|---|---:|---:|---:|---:|"]
     for name, nll, _, mb in rows:
         lines.append(f"| {name} | {mb} | {nll:.4f} | {math.exp(nll):.3f} | {math.exp(nll - ref) - 1:+.2%} |")

@@ -44,10 +44,11 @@ class ModelConfig:
     quantization_kernel: str = "auto"
     """CPU, int4/int8 weights: the weight-only kernel for calls below --quantization-dense-rows rows (decode).
     native: kernels/cpu's AVX2 GEMV on GGUF-style blocks (Q4_1 / Q8_0 layouts; activations rounded to int8 per
-    block of 32, as llama.cpp does; 2-3x faster than torch's at batch 1, bench/results/quant.md); torch: torch's
-    _weight_int4pack_mm_for_cpu / _weight_int8pack_mm (bfloat16 activations); auto: native on x86 CPUs with
-    AVX2, FMA and F16C where kernels/cpu builds, else torch. A Q8_0 tensor keeps its block scales under native;
-    torch's int8 kernel needs one scale per output channel, so there it is re-rounded."""
+    block of 32, as llama.cpp does; 1.7-2.1x torch's at one row, bench/results/quant_kernels-zen3.md); torch:
+    torch's _weight_int4pack_mm_for_cpu / _weight_int8pack_mm (bfloat16 activations); auto: native on x86 CPUs with
+    AVX2, FMA and F16C and no AVX-512 (where it was measured) when kernels/cpu builds, else torch. A Q8_0
+    tensor keeps its block scales under native; torch's int8 kernel needs one scale per output channel, so
+    there it is re-rounded."""
     device: str = "auto"
     """Device to run on: auto, cpu or cuda."""
     context_length: int | None = None

@@ -12,8 +12,9 @@ fewer than `dense_min_rows` rows (decode) run the native kernel on activations r
 more rows one dense GEMM (QuantWeight._dense_mm), as torch's layouts do.
 
 Which layout CPU weights get is process-wide (`set_cpu_kernel`, from --quantization-kernel): "native" these,
-"torch" torch's int4pack/int8pack layouts (kernels/quant/weights.py), "auto" native where the extension builds
-with its AVX2 kernels (x86 with AVX2, FMA and F16C), else torch.
+"torch" torch's int4pack/int8pack layouts (kernels/quant/weights.py), "auto" native on x86 CPUs with AVX2, FMA
+and F16C and no AVX-512 (where it was measured: bench/results/quant.md) when the extension builds, else torch
+(AVX-512 CPUs keep torch's kernels until measured there, as they keep MKL for float32 linears).
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def native_available() -> bool:
 def use_native(k: int, group: int) -> bool:
     """Whether a CPU weight with K inputs and scale groups of `group` is packed in these block layouts."""
     if _kernel == "torch" or k % QK or group % QK:
+        return False
+    if _kernel == "auto" and "avx512f" in cpu_build.cpu_flags().split():
         return False
     return native_available()
 
