@@ -117,16 +117,23 @@ def _levels(cfg: GrammarConfig) -> list[tuple[Caps | None, bool]]:
 
 def _schema_text(schema: dict | bool, cfg: GrammarConfig) -> str:
     """llguidance's grammar text for a parsed schema under the strictest bounds it can compile."""
+    return _schema_grammar(_strictest(schema, cfg), cfg)
+
+
+def _strictest(schema: dict | bool, cfg: GrammarConfig) -> dict | bool:
+    """`schema` under the strictest level of `_levels` llguidance compiles (the last level if none does: its
+    error is then the one reported)."""
     levels = _levels(cfg)
     for caps, numbers in levels[:-1]:
+        bounded = _bounded(copy.deepcopy(schema), cfg, caps, numbers)
         try:
-            text = _schema_grammar(_bounded(copy.deepcopy(schema), cfg, caps, numbers), cfg)
+            text = _schema_grammar(bounded, cfg)
         except GrammarValidationError:
             continue
         if not llg.LLMatcher.validate_grammar(text, None):
-            return text
+            return bounded
     caps, numbers = levels[-1]
-    return _schema_grammar(_bounded(schema, cfg, caps, numbers), cfg)
+    return _bounded(schema, cfg, caps, numbers)
 
 
 def _bounded(schema: dict | bool, cfg: GrammarConfig, caps: Caps | None, numbers: bool) -> dict | bool:
@@ -140,8 +147,7 @@ def _tag_schema(schema: dict | bool, cfg: GrammarConfig) -> dict:
     the JSON whitespace options carried inside it (`x-guidance`), as Lark's %json takes no other options."""
     if schema is False:
         raise GrammarValidationError("structural_tag: a structure's schema is `false` (nothing can match)")
-    caps, numbers = _levels(cfg)[0]
-    out = _bounded(parse_schema(json.dumps({} if schema is True else schema)), cfg, caps, numbers)
+    out = _strictest(parse_schema(json.dumps({} if schema is True else schema)), cfg)
     assert isinstance(out, dict)
     return {**out, "x-guidance": _json_options(cfg)}
 

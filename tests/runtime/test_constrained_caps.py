@@ -227,3 +227,18 @@ def test_grammar_cannot_grow_a_value_past_its_cap(tok, name: str) -> None:
             jsonschema.validate(doc, SAMPLED)
             assert len(doc["s"]) <= 8 and len(doc["tags"]) <= 3 and all(len(t) <= 8 for t in doc["tags"])
             assert name == "xgrammar" or len(doc.get("m", {})) <= 3
+
+
+def test_llguidance_falls_back_when_it_cannot_combine_a_cap_with_a_pattern() -> None:
+    """llguidance cannot decide whether an unanchored pattern intersected with a length is empty: the schema
+    compiles without the caps beside patterns (json_schema and a structural_tag's schema alike), not a 400."""
+    from runtime.constrained.llguidance_backend import _strictest, validate
+
+    clock = {"type": "object", "properties": {
+        "t": {"type": "string", "pattern": "(([0-9]+)\\.)?([0-9][0-9]):(60|([0-5][0-9]))"}, "s": STR},
+        "required": ["t", "s"]}
+    validate("json_schema", json.dumps(clock), GrammarConfig())
+    tag = {"structures": [{"begin": "<a>", "schema": clock, "end": "</a>"}], "triggers": ["<a"]}
+    validate("structural_tag", json.dumps(tag), GrammarConfig())
+    out = _strictest(parse_schema(json.dumps(clock)), GrammarConfig())
+    assert "maxLength" not in out["properties"]["t"] and out["properties"]["s"]["maxLength"] == 256
