@@ -47,7 +47,12 @@ class CompiledGraph:
             return self.fn(*args)
 
     def replay(self) -> torch.Tensor:
-        return self.fn(*self.args)
+        # Every replay passes the captured tensors themselves (same objects, shapes, strides, dtypes), so of
+        # dynamo's guards only those that tell the buckets' cache entries apart need to run: the full guard set
+        # (every parameter and buffer of the model) cost ~0.45 ms per decode step on a 2-core EPYC, 4 % of a
+        # batch-1 step.
+        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+            return self.fn(*self.args)
 
 
 def build_compiled_decode(model, attn, req_to_token: torch.Tensor, pad_slot: int, max_bs: int,
