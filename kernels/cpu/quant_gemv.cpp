@@ -18,8 +18,10 @@
 // M or the thread count: results are batch-invariant. Threads split N.
 //
 // Why: at batch 1 decode is bound by the weight bytes read per token. torch._weight_int4pack_mm_for_cpu reads
-// them at about half of this machine's bandwidth (bench/results/quant.md); here each 32-weight block costs one
-// 16-byte load and ~6 vector instructions per row of x, so the loop runs near the memory bound.
+// them at about half of a 2-core AVX2 EPYC's bandwidth; here each 32-weight block costs one 16-byte load and
+// ~8 vector instructions per row of x: 1.75x torch's int4 per layer at one row, the q8 lm_head at the read bound
+// (bench/results/quant_kernels-zen3.md, quant.md). Cost grows with the rows of x: from ~3 rows a dense float32
+// GEMM on a kept copy is faster (kernels/quant/weights.py's dense_min_rows decides).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -28,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -55,10 +58,19 @@ QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K) {
     for (int64_t b = 0; b < nb; ++b) {
       const float* xb = x + r * K + b * QK;
       float amax = 0.0f;
-      for (int i = 0; i < QK; ++i) amax = std::max(amax, std::fabs(xb[i]));
+      bool finite = true;
+      for (int i = 0; i < QK; ++i) {
+        amax = std::max(amax, std::fabs(xb[i]));
+        finite &= std::isfinite(xb[i]);
+      }
+      int8_t* ab = q.a.data() + r * K + b * QK;
+      if (!finite) {  // a NaN or inf in the block: codes 0, scale NaN, so its outputs are NaN
+        std::fill(ab, ab + QK, int8_t{0});
+        q.s[r * nb + b] = q.sum[r * nb + b] = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
       const float s = amax / 127.0f;
       const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      int8_t* ab = q.a.data() + r * K + b * QK;
       int32_t sum = 0;
       for (int i = 0; i < QK; ++i) {
         ab[i] = static_cast<int8_t>(std::nearbyint(xb[i] * inv));  // |.| <= 127
@@ -70,7 +82,7 @@ QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K) {
   return q;
 }
 
-// float16 -> float32 for n values (n small: one weight row's block parameters).
+// float16 -> float32 for n values (the block parameters of up to 16 weight rows).
 inline void halfs_to_float(const at::Half* h, float* f, int64_t n) {
   int64_t i = 0;
 #ifdef RADIXGEN_QGEMV_AVX2

@@ -152,3 +152,16 @@ def test_weights_that_do_not_fit_blocks_keep_torch_kernels() -> None:
 
     w = to_kernel(quantize(torch.randn(8, 48), "int8", 0), "cpu")
     assert isinstance(w, Int8Weight)
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_non_finite_activations_give_nan_outputs(kind: str) -> None:
+    """A NaN or inf in a row of x makes that row's outputs NaN (not codes cast from garbage); other rows are
+    untouched."""
+    g = torch.Generator().manual_seed(4)
+    w = to_kernel(quantize(torch.randn(32, 64, generator=g) * 0.05, kind, 32 if kind == "int4" else 0), "cpu")
+    x = torch.randn(3, 64, generator=g)
+    clean = w(x)
+    x[0, 5], x[1, 40] = float("nan"), float("inf")
+    y = w(x)
+    assert y[:2].isnan().all() and torch.equal(y[2], clean[2])
