@@ -140,8 +140,7 @@ class BlockScales {
   float* ptr_;
 };
 
-// Accumulates block b's products into acc[r] for r < R (callers alternate two accumulator sets by block parity,
-// in straight-line code: an array indexed by b & 1 would live on the stack).
+// Accumulates block b's products into acc[r] for r < R (q4 codes; sum_blocks drives it).
 template <int R>
 inline void q4_block(__m256 (&acc)[R], int64_t b, const uint8_t* qs, const int8_t* const (&a)[R],
                      const float* const (&ds)[R]) {
@@ -154,10 +153,12 @@ inline void q4_block(__m256 (&acc)[R], int64_t b, const uint8_t* qs, const int8_
   }
 }
 
-// One q4 weight row against R rows of x -> y[r * ldy] for r < R. d, m: the row's block parameters, float32.
-template <int R>
-inline void q4_row(int64_t nb, const uint8_t* qs, const float* d, const float* m, const QuantizedRows& q,
-                   int64_t r0, int64_t K, float* y, int64_t ldy) {
+// Sums block(acc, b, a, ds) over one weight row's blocks for R rows of x, into two accumulator sets by block
+// parity (straight-line: an array indexed by b & 1 would live on the stack); dots[r] = the row's total. d: the
+// weight row's block scales, float32.
+template <int R, class Block>
+inline void sum_blocks(int64_t nb, const float* d, const QuantizedRows& q, int64_t r0, int64_t K, float (&dots)[R],
+                       Block block) {
   __m256 even[R], odd[R];
   const int8_t* a[R];
   const float* ds[R];
@@ -169,14 +170,24 @@ inline void q4_row(int64_t nb, const uint8_t* qs, const float* d, const float* m
   }
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2) {
-    q4_block<R>(even, b, qs, a, ds);
-    q4_block<R>(odd, b + 1, qs, a, ds);
+    block(even, b, a, ds);
+    block(odd, b + 1, a, ds);
   }
-  if (b < nb) q4_block<R>(even, b, qs, a, ds);
-  for (int r = 0; r < R; ++r) {
-    const float bias = dot_f32(m, q.sum.data() + (r0 + r) * nb, nb);  // the m * X_b terms
-    y[r * ldy] = hsum(_mm256_add_ps(even[r], odd[r])) + bias;
-  }
+  if (b < nb) block(even, b, a, ds);
+  for (int r = 0; r < R; ++r) dots[r] = hsum(_mm256_add_ps(even[r], odd[r]));
+}
+
+// One q4 weight row against R rows of x -> y[r * ldy] for r < R. d, m: the row's block parameters, float32.
+template <int R>
+inline void q4_row(int64_t nb, const uint8_t* qs, const float* d, const float* m, const QuantizedRows& q,
+                   int64_t r0, int64_t K, float* y, int64_t ldy) {
+  float dots[R];
+  sum_blocks<R>(nb, d, q, r0, K, dots,
+                [&](__m256 (&acc)[R], int64_t b, const int8_t* const (&a)[R], const float* const (&ds)[R]) {
+                  q4_block<R>(acc, b, qs, a, ds);
+                });
+  for (int r = 0; r < R; ++r)
+    y[r * ldy] = dots[r] + dot_f32(m, q.sum.data() + (r0 + r) * nb, nb);  // + the m * X_b terms
 }
 
 template <int R>
@@ -196,22 +207,12 @@ inline void q8_block(__m256 (&acc)[R], int64_t b, const int8_t* codes, const int
 template <int R>
 inline void q8_row(int64_t nb, const int8_t* codes, const float* d, const QuantizedRows& q, int64_t r0, int64_t K,
                    float* y, int64_t ldy) {
-  __m256 even[R], odd[R];
-  const int8_t* a[R];
-  const float* ds[R];
-  BlockScales scales(R * nb);
-  for (int r = 0; r < R; ++r) {
-    even[r] = odd[r] = _mm256_setzero_ps();
-    a[r] = q.a.data() + (r0 + r) * K;
-    ds[r] = scales.of(r, nb, d, q.s.data() + (r0 + r) * nb);
-  }
-  int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    q8_block<R>(even, b, codes, a, ds);
-    q8_block<R>(odd, b + 1, codes, a, ds);
-  }
-  if (b < nb) q8_block<R>(even, b, codes, a, ds);
-  for (int r = 0; r < R; ++r) y[r * ldy] = hsum(_mm256_add_ps(even[r], odd[r]));
+  float dots[R];
+  sum_blocks<R>(nb, d, q, r0, K, dots,
+                [&](__m256 (&acc)[R], int64_t b, const int8_t* const (&a)[R], const float* const (&ds)[R]) {
+                  q8_block<R>(acc, b, codes, a, ds);
+                });
+  for (int r = 0; r < R; ++r) y[r * ldy] = dots[r];
 }
 #endif
 

@@ -75,20 +75,43 @@ def _per_block(t: torch.Tensor, k: int) -> torch.Tensor:
     return t.float().repeat_interleave(k // QK // t.shape[1], dim=1)
 
 
-class Q4BlockWeight(QuantWeight):
+class BlockWeight(QuantWeight):
+    """Shared by the block layouts: a dense copy (or a per-call dequantization) from `dense_min_rows` rows on,
+    the native kernel (`_native`, float32 in and out) below."""
+
+    def __init__(self, n: int, k: int) -> None:
+        super().__init__()
+        self.out_features, self.in_features = n, k
+        self.register_buffer("dense", None)
+        cpu_ops.load()
+
+    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        return self.dequantize().to(dtype)
+
+    def takes_dense_copy(self) -> bool:
+        return True
+
+    def _native(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._dense_mm(x)
+        if y is not None:
+            return y
+        return self._native(x.float().contiguous()).to(x.dtype)
+
+
+class Q4BlockWeight(BlockWeight):
     """4-bit codes in GGUF Q4_1 blocks (module doc); forward(x [..., K]) -> [..., N] in x's dtype."""
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
-        super().__init__()
         n, k = codes.shape
-        self.out_features, self.in_features = n, k
+        super().__init__(n, k)
         d = _per_block(scale, k)
         m = _per_block(zero, k) - 8.0 * d
         c = codes.to(torch.uint8).reshape(n, k // QK, 2, 16)
         self.register_buffer("qs", (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(n, k // 2).contiguous())
         self.register_buffer("dm", torch.stack([d, m], dim=1).half().contiguous())  # [N, 2, K / 32]
-        self.register_buffer("dense", None)
-        cpu_ops.load()
 
     def codes(self) -> torch.Tensor:
         """uint8 codes [N, K] 0..15 (exact)."""
@@ -102,43 +125,22 @@ class Q4BlockWeight(QuantWeight):
         d, m = self.dm.float().unbind(1)
         return (q * d[..., None] + m[..., None]).reshape(n, k)
 
-    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
-        return self.dequantize().to(dtype)
-
-    def takes_dense_copy(self) -> bool:
-        return True
-
-    def _mm(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._dense_mm(x)
-        if y is not None:
-            return y
-        return cpu_ops.q4_linear(x.float().contiguous(), self.qs, self.dm).to(x.dtype)
+    def _native(self, x: torch.Tensor) -> torch.Tensor:
+        return cpu_ops.q4_linear(x, self.qs, self.dm)
 
 
-class Q8BlockWeight(QuantWeight):
+class Q8BlockWeight(BlockWeight):
     """int8 codes with a float16 scale per block of 32 (GGUF Q8_0); forward as Q4BlockWeight's."""
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor):
-        super().__init__()
         n, k = codes.shape
-        self.out_features, self.in_features = n, k
+        super().__init__(n, k)
         self.register_buffer("codes", codes.to(torch.int8).contiguous())
         self.register_buffer("d", _per_block(scale, k).half().contiguous())  # [N, K / 32]
-        self.register_buffer("dense", None)
-        cpu_ops.load()
 
     def dequantize(self) -> torch.Tensor:
         n, k = self.out_features, self.in_features
         return (self.codes.reshape(n, k // QK, QK).float() * self.d.float()[..., None]).reshape(n, k)
 
-    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
-        return self.dequantize().to(dtype)
-
-    def takes_dense_copy(self) -> bool:
-        return True
-
-    def _mm(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._dense_mm(x)
-        if y is not None:
-            return y
-        return cpu_ops.q8_linear(x.float().contiguous(), self.codes, self.d).to(x.dtype)
+    def _native(self, x: torch.Tensor) -> torch.Tensor:
+        return cpu_ops.q8_linear(x, self.codes, self.d)
