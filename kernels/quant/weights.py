@@ -10,6 +10,8 @@ Each weight is an nn.Module whose tensors are buffers (so a compiled forward see
         slower). Int8Weight: int8 [N, K] + per-channel bfloat16 scales, torch._weight_int8pack_mm.
   CUDA  Int4/Int8/Fp8Weight: kernels.quant.triton_mm layouts, float32 scales, one Triton dequant-matmul
         (`triton=True` selects it on CPU too, for the interpreter tests).
+  (CPU, --quantization-kernel native, the default on AVX2 CPUs without AVX-512: kernels/quant/cpu_blocks.py's
+  Q4BlockWeight / Q8BlockWeight, GGUF's own blocks for kernels/cpu/quant_gemv.cpp, instead of the two above.)
 
 The CPU kernels need bfloat16 scales: a float16 GGUF scale keeps 8 of its 11 mantissa bits there (a relative
 change <= 2^-9, far below the 4-bit grid's own rounding); codes are kept exactly. Both torch ops are ATen
