@@ -117,12 +117,13 @@ def _levels(cfg: GrammarConfig) -> list[tuple[Caps | None, bool]]:
 
 def _schema_text(schema: dict | bool, cfg: GrammarConfig) -> str:
     """llguidance's grammar text for a parsed schema under the strictest bounds it can compile."""
-    return _schema_grammar(_strictest(schema, cfg), cfg)
+    bounded, text = _strictest(schema, cfg)
+    return text if text is not None else _schema_grammar(bounded, cfg)
 
 
-def _strictest(schema: dict | bool, cfg: GrammarConfig) -> dict | bool:
-    """`schema` under the strictest level of `_levels` llguidance compiles (the last level if none does: its
-    error is then the one reported)."""
+def _strictest(schema: dict | bool, cfg: GrammarConfig) -> tuple[dict | bool, str | None]:
+    """`schema` under the strictest level of `_levels` llguidance compiles, with its grammar text (the last level
+    if none does, text None: compiling it reports its error)."""
     levels = _levels(cfg)
     for caps, numbers in levels[:-1]:
         bounded = _bounded(copy.deepcopy(schema), cfg, caps, numbers)
@@ -131,9 +132,9 @@ def _strictest(schema: dict | bool, cfg: GrammarConfig) -> dict | bool:
         except GrammarValidationError:
             continue
         if not llg.LLMatcher.validate_grammar(text, None):
-            return bounded
+            return bounded, text
     caps, numbers = levels[-1]
-    return _bounded(schema, cfg, caps, numbers)
+    return _bounded(schema, cfg, caps, numbers), None
 
 
 def _bounded(schema: dict | bool, cfg: GrammarConfig, caps: Caps | None, numbers: bool) -> dict | bool:
@@ -147,7 +148,7 @@ def _tag_schema(schema: dict | bool, cfg: GrammarConfig) -> dict:
     the JSON whitespace options carried inside it (`x-guidance`), as Lark's %json takes no other options."""
     if schema is False:
         raise GrammarValidationError("structural_tag: a structure's schema is `false` (nothing can match)")
-    out = _strictest(parse_schema(json.dumps({} if schema is True else schema)), cfg)
+    out = _strictest(parse_schema(json.dumps({} if schema is True else schema)), cfg)[0]
     assert isinstance(out, dict)
     return {**out, "x-guidance": _json_options(cfg)}
 

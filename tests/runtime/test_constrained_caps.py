@@ -240,5 +240,6 @@ def test_llguidance_falls_back_when_it_cannot_combine_a_cap_with_a_pattern() -> 
     validate("json_schema", json.dumps(clock), GrammarConfig())
     tag = {"structures": [{"begin": "<a>", "schema": clock, "end": "</a>"}], "triggers": ["<a"]}
     validate("structural_tag", json.dumps(tag), GrammarConfig())
-    out = _strictest(parse_schema(json.dumps(clock)), GrammarConfig())
+    out, text = _strictest(parse_schema(json.dumps(clock)), GrammarConfig())
     assert "maxLength" not in out["properties"]["t"] and out["properties"]["s"]["maxLength"] == 256
+    assert text is not None  # a level compiled: its grammar text comes back with it, not compiled twice
