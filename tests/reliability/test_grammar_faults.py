@@ -32,7 +32,7 @@ def server():
     # bounds its own work and compiles it at once)
     s = ServerProc(
         "--max-total-tokens", "4096", "--grammar-compile-timeout", str(TIMEOUT), "--log-level", "warning",
-        "--grammar-backend", "outlines",
+        "--grammar-backend", "outlines", "--dtype", "float32",  # exact equality: quantized kernels switch by rows
     )  # fmt: skip
     try:
         yield s.wait_ready(300)

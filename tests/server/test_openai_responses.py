@@ -60,7 +60,7 @@ def test_max_output_tokens_cuts_and_says_incomplete(client):
 
 def test_json_schema_text_format_is_constrained(client):
     r = client.responses.create(model="default", input="Name a big city as JSON.", max_output_tokens=60,
-                                text={"format": {"type": "json_schema", "name": "city", "schema": CITY,
+                                temperature=0, text={"format": {"type": "json_schema", "name": "city", "schema": CITY,
                                                  "strict": True}})
     assert r.status == "completed", r.output_text
     jsonschema.validate(json.loads(r.output_text), CITY)
@@ -70,7 +70,7 @@ def test_json_schema_text_format_is_constrained(client):
 def test_stream_events_in_order_and_final_response(client):
     fmt = {"format": {"type": "json_schema", "name": "city", "schema": CITY}}
     with client.responses.stream(model="default", input="Name a big city as JSON.", max_output_tokens=60,
-                                 text=fmt) as s:
+                                 temperature=0, text=fmt) as s:
         events = list(s)
         final = s.get_final_response()
     kinds = [e.type for e in events]
