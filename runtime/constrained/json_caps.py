@@ -21,6 +21,18 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
+# The validation keywords of JSON Schema drafts 04 to 2020-12 (anything else is an annotation or an unknown
+# keyword, which validators ignore too): json_rules.check_keywords refuses those a backend does not enforce; a
+# subschema with none of them admits any value (runtime/constrained/json_any.py bounds those).
+VALIDATION_KEYWORDS = frozenset({
+    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+    "maxLength", "minLength", "pattern", "format", "items", "additionalItems", "prefixItems", "maxItems",
+    "minItems", "uniqueItems", "contains", "maxContains", "minContains", "maxProperties", "minProperties",
+    "required", "properties", "patternProperties", "additionalProperties", "propertyNames", "dependencies",
+    "dependentRequired", "dependentSchemas", "allOf", "anyOf", "oneOf", "not", "if", "then", "else",
+    "unevaluatedItems", "unevaluatedProperties", "$ref", "$dynamicRef", "$recursiveRef",
+})
+
 # Same instance, narrowing is monotone: all must hold (then/else: the one that applies must hold).
 _CONJUNCTS_LISTS = ("allOf",)
 _CONJUNCTS_ONE = ("then", "else")
@@ -240,13 +252,18 @@ class Caps:
     """Default caps (0: off). beside_patterns=False: strings with a pattern or a format get no cap (xgrammar
     drops a length there; llguidance's fallback when it cannot combine the two). untyped: a subschema without
     `type` gets the caps too (each applies only to its own type). max_properties: objects that admit unlisted
-    keys (xgrammar does not enforce maxProperties: 0 there)."""
+    keys (xgrammar does not enforce maxProperties: 0 there). free_depth: how many arrays/objects a free-form value
+    (`{}`, `true`, an open object's extra values, untyped items) may nest once bounded (json_any; 0: left free).
+    key_patterns: a free-form object's keys get at most max_string characters (a patternProperties; xgrammar
+    has none)."""
 
     max_string: int = 0
     max_items: int = 0
     max_properties: int = 0
     beside_patterns: bool = True
     untyped: bool = True
+    free_depth: int = 3
+    key_patterns: bool = True
 
 
 def cap_lengths(schema: dict, caps: Caps, format_limits: dict[str, int], where: Plan | None = None) -> None:

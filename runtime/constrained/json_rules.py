@@ -11,7 +11,8 @@ import json
 from typing import Any
 
 from runtime.constrained.errors import fail as _fail
-from runtime.constrained.json_caps import Caps, cap_lengths, plan
+from runtime.constrained.json_any import bound_free_values, free_root
+from runtime.constrained.json_caps import VALIDATION_KEYWORDS, Caps, cap_lengths, plan
 
 
 def nesting_depth(x: Any, limit: int) -> int:
@@ -31,16 +32,6 @@ def nesting_depth(x: Any, limit: int) -> int:
 
 MAX_SAFE_INTEGER = 2**53 - 1  # I-JSON (RFC 7493): integers beyond this do not survive a JSON round trip
 
-# The validation keywords of JSON Schema drafts 04 to 2020-12 (anything else is an annotation or an unknown
-# keyword, which validators ignore too): check_keywords refuses those a backend does not enforce.
-VALIDATION_KEYWORDS = frozenset({
-    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
-    "maxLength", "minLength", "pattern", "format", "items", "additionalItems", "prefixItems", "maxItems",
-    "minItems", "uniqueItems", "contains", "maxContains", "minContains", "maxProperties", "minProperties",
-    "required", "properties", "patternProperties", "additionalProperties", "propertyNames", "dependencies",
-    "dependentRequired", "dependentSchemas", "allOf", "anyOf", "oneOf", "not", "if", "then", "else",
-    "unevaluatedItems", "unevaluatedProperties", "$ref", "$dynamicRef", "$recursiveRef",
-})
 ANNOTATIONS = frozenset({"$defs", "definitions"})  # containers of subschemas, checked when referenced
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
 _SUBSCHEMA_ONE = ("items", "additionalProperties", "contains", "not", "if", "then", "else", "propertyNames",
@@ -128,18 +119,25 @@ def bound_runaway_values(schema: dict | bool, enabled: bool = True, formats: boo
     string format with a standard length limit that limit as maxLength, so a sampled value cannot run on for
     the whole token budget. Values these bounds cut off are ones no consumer accepts. caps: default caps on
     strings and arrays without an explicit bound (runtime/constrained/json_caps.py: never below the schema's own
-    minimum, never under not/if/oneOf); formats=False (xgrammar): no format lengths.
+    minimum, never under not/if/oneOf; free-form values bounded at every level: runtime/constrained/json_any.py);
+    formats=False (xgrammar): no format lengths.
     closed_objects: an object listing `properties` without additionalProperties/patternProperties gets
     `additionalProperties: false`, where no other subschema on the same instance (allOf branch, anyOf's parent,
     a $ref's siblings) names a key it does not list. In place."""
+    if enabled and schema is True and caps is not None and caps.free_depth and (
+            caps.max_string or caps.max_items or caps.max_properties):
+        schema = free_root(caps)  # any JSON document, bounded as a free-form value (json_any)
     if not enabled or not isinstance(schema, dict):
         return schema
     where = plan(schema) if closed_objects or caps is not None else None
     if closed_objects and where is not None:
         for s in where.closable():
             s["additionalProperties"] = False
-    if caps is not None:  # after closing (a closed object needs no maxProperties); the plan stays valid: closing
-        cap_lengths(schema, caps, FORMAT_MAX_LENGTH, where)  # adds no subschema and no key a plan reads
+    if caps is not None and where is not None:  # after closing (a closed object needs no maxProperties); the plan
+        # stays valid: closing adds no subschema and no key a plan reads; bounding free values types them (the
+        # caps they hold are the ones cap_lengths would give) and adds subschemas the plan does not hold
+        bound_free_values(where, caps)
+        cap_lengths(schema, caps, FORMAT_MAX_LENGTH, where)
     stack = [schema]
     while stack:
         s = stack.pop()

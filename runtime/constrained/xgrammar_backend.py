@@ -144,7 +144,8 @@ def _check_schema(spec: str, cfg: GrammarConfig) -> dict | bool:
     check_keywords(schema, XGRAMMAR_KEYWORDS, XGRAMMAR_FORMATS, "xgrammar", lengths_with_patterns=False)
     _refuse_combinations(schema)
     # formats=False, caps not beside patterns: xgrammar ignores a maxLength next to a pattern or format
-    caps = Caps(cfg.json_max_string_length, cfg.json_max_array_items, beside_patterns=False, untyped=False)
+    caps = Caps(cfg.json_max_string_length, cfg.json_max_array_items, beside_patterns=False, untyped=False,
+                key_patterns=False)  # no patternProperties in xgrammar: free-form keys stay unbounded
     schema = bound_runaway_values(schema, formats=False, closed_objects=not cfg.json_allow_extra_properties,
                                   caps=caps)
     return _bound_optional_groups(schema)

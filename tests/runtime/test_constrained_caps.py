@@ -21,7 +21,7 @@ from runtime.constrained.json_caps import Caps, pattern_width, plan
 from runtime.constrained.json_rules import FORMAT_MAX_LENGTH, bound_runaway_values, parse_schema
 
 LLG = Caps(8, 3, 3)  # llguidance's reading: caps beside patterns/formats and on untyped values too
-XGR = Caps(8, 3, beside_patterns=False, untyped=False)  # and no maxProperties
+XGR = Caps(8, 3, beside_patterns=False, untyped=False, key_patterns=False)  # and no maxProperties
 
 
 def capped(schema: dict, caps: Caps = LLG, closed: bool = False) -> dict:
@@ -101,12 +101,12 @@ def test_patterns_and_formats() -> None:
 
 def test_untyped_values_refs_and_combinations() -> None:
     s = capped({"$defs": {"t": STR}, "type": "object", "properties": {
-        "any": {}, "ref": {"$ref": "#/$defs/t"}, "alt": {"anyOf": [STR, {"type": "null"}]}}})
+        "any": {"minLength": 1}, "ref": {"$ref": "#/$defs/t"}, "alt": {"anyOf": [STR, {"type": "null"}]}}})
     p = s["properties"]
     assert p["any"]["maxLength"] == 8 and p["any"]["maxItems"] == 3  # each applies to its own type only
     assert set(p["ref"]) == {"$ref"} and s["$defs"]["t"]["maxLength"] == 8  # the target, not beside the $ref
     assert "maxLength" not in p["alt"] and p["alt"]["anyOf"][0]["maxLength"] == 8
-    assert "maxLength" not in capped({}, XGR)  # xgrammar: typed values only
+    assert "maxLength" not in capped({"minLength": 1}, XGR)  # xgrammar: typed values only
 
 
 def test_nothing_is_narrowed_under_not_if_one_of_or_contains() -> None:
@@ -243,3 +243,154 @@ def test_llguidance_falls_back_when_it_cannot_combine_a_cap_with_a_pattern() -> 
     out, text = _strictest(parse_schema(json.dumps(clock)), GrammarConfig())
     assert "maxLength" not in out["properties"]["t"] and out["properties"]["s"]["maxLength"] == 256
     assert text is not None  # a level compiled: its grammar text comes back with it, not compiled twice
+
+
+# Free-form values (runtime/constrained/json_any.py): `{}`, `true`, an open object's extra values, untyped items.
+ANY = "#/$defs/radixgen_any_3"
+
+
+def _any_level(s: dict, depth: int) -> dict:
+    return s["$defs"][f"radixgen_any_{depth}"]
+
+
+def test_free_values_become_one_shared_bounded_any() -> None:
+    s = capped({"type": "object", "properties": {
+        "v": {}, "t": True, "d": {"description": "annotations only"}, "arr": {"type": "array"},
+        "map": {"type": "object"}, "extra": {"type": "object", "additionalProperties": {}},
+        "tuple": {"type": "array", "prefixItems": [{"type": "integer"}, True]}}}, closed=True)
+    p = s["properties"]
+    for k in ("v", "t"):
+        assert p[k] == {"$ref": ANY}
+    assert p["d"] == {"description": "annotations only", "$ref": ANY}
+    assert p["arr"]["items"] == {"$ref": ANY}
+    for k in ("map", "extra"):  # a map: its keys are bounded too
+        assert p[k]["patternProperties"] == {"^.{0,8}$": {"$ref": ANY}} and p[k]["additionalProperties"] is False
+    assert p["tuple"]["items"] == {"$ref": ANY} and p["tuple"]["prefixItems"][1] == {"$ref": ANY}
+    top, inner = _any_level(s, 3), _any_level(s, 2)
+    assert top["maxLength"] == 8 and top["maxItems"] == 3 and top["maxProperties"] == 3
+    assert top["items"] == {"$ref": "#/$defs/radixgen_any_2"} and top["additionalProperties"] is False
+    assert top["patternProperties"] == {"^.{0,8}$": {"$ref": "#/$defs/radixgen_any_2"}}  # keys within the cap
+    assert "array" in inner["type"] and _any_level(s, 0)["type"] == ["null", "boolean", "number", "string"]
+    root = capped({})  # the whole document free (a root `true` too)
+    assert root["$ref"] == ANY and root["$defs"]["radixgen_any_3"]["maxItems"] == 3
+    assert bound_runaway_values(True, caps=LLG)["maxLength"] == 8
+    xgr = capped({"type": "object", "properties": {"v": {}, "m": {"type": "object"}}}, XGR)  # no maxProperties, no key patterns
+    assert "maxProperties" not in _any_level(xgr, 3) and "patternProperties" not in _any_level(xgr, 3)
+    assert _any_level(xgr, 3)["additionalProperties"] == {"$ref": "#/$defs/radixgen_any_2"}
+    assert xgr["properties"]["m"]["additionalProperties"] == {"$ref": ANY}
+
+
+def test_free_values_stay_free_where_the_caps_are_off_or_a_partner_names_them() -> None:
+    schema = {"type": "object", "properties": {"v": {}, "arr": {"type": "array"}}}
+    assert capped(schema, Caps(0, 0, 0)) == parse_schema(json.dumps(schema))
+    assert capped(schema, Caps(8, 3, 3, free_depth=0))["properties"]["v"] == {  # the untyped caps only
+        "maxLength": 8, "maxItems": 3, "maxProperties": 3}
+    # a partner says more about the same value: bounding the `{}` would cut the partner's deep schema
+    s = capped({"allOf": [{"properties": {"a": {}}}, {"properties": {"a": {"type": "array", "minItems": 5}}}]})
+    assert "$ref" not in s["allOf"][0]["properties"]["a"]  # (the untyped caps only)
+    s = capped({"$defs": {"x": {}}, "type": "object", "properties": {
+        "r": {"$ref": "#/$defs/x"}, "r2": {"$ref": "#/$defs/x", "minLength": 30}}})
+    assert "$ref" not in s["$defs"]["x"]  # also reached through a $ref with siblings
+    s = capped({"$defs": {"x": {}}, "type": "object", "properties": {"r": {"$ref": "#/$defs/x"}}})
+    assert s["$defs"]["x"] == {"$ref": ANY}  # a plain $ref is the whole of its value
+    s = capped({"type": "array", "allOf": [{"items": {"type": "string"}}]})
+    assert "items" not in s  # a partner's items
+    s = capped({"type": "object", "properties": {"n": {"not": {}}, "o": {"oneOf": [{}, STR]},
+                                                 "c": {"type": "array", "contains": {}}}})["properties"]
+    assert s["n"]["not"] == {} and s["o"]["oneOf"][0] == {} and s["c"]["contains"] == {} and "items" not in s["c"]
+    s = capped({"type": "object", "unevaluatedProperties": False, "properties": {"a": STR}})
+    assert "additionalProperties" not in s  # would admit the keys unevaluatedProperties refuses
+
+
+def test_an_open_objects_partners_keep_their_keys() -> None:
+    """o69744's shape: the root cannot be closed (its anyOf branches require "url"), so its extra values are
+    bounded with "url" listed as `true`: the branch's own schema still decides it."""
+    deep = {"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {"type": "array"}}}}
+    schema = {"type": "object", "properties": {"a": STR},
+              "anyOf": [{"properties": {"deep": deep}, "required": ["deep"]}]}
+    s = capped(copy.deepcopy(schema), closed=True)
+    assert s["properties"]["deep"] is True and s["additionalProperties"] == {"$ref": ANY}
+    v = jsonschema.Draft202012Validator(s)
+    assert v.is_valid({"deep": [[[[1]]]]})  # deeper than the bounded value: the partner's key, not bounded here
+    assert not v.is_valid({"deep": [], "x": [[[[1]]]]}) and v.is_valid({"deep": [], "x": [[[1]]]})
+    assert not v.is_valid({"deep": [], "x": "abcdefghi"})
+
+
+FREE_NARROWING = [
+    {},
+    {"type": "object", "properties": {"a": {}}, "allOf": [{"properties": {"a": {"type": "array", "minItems": 5}}}]},
+    {"type": "object", "properties": {"a": STR}, "anyOf": [{"properties": {"url": STR}, "required": ["url"]}]},
+    {"type": "array", "prefixItems": [True, {"type": "string"}]},
+    {"type": "object", "patternProperties": {"^x": STR}},
+    {"$defs": {"x": True}, "type": "array", "items": {"$ref": "#/$defs/x"}},
+    {"type": "object", "additionalProperties": True, "required": ["k"], "minProperties": 5},
+]
+FREE_DOCS = [[[[["deep"]]]], [[[1]]], {"a": [1] * 6}, {"a": {"b": {"c": {"d": 1}}}}, {"abcdefghi": 1},
+             {"url": "u", "a": "x", "k": [[[[1]]]]}, {"url": "u", "z": "long string!"}, ["a" * 9, "b"],
+             {"xa": "s", "y": 1.5}, {"k": 1, "a": 2, "b": 3, "c": 4, "d": 5}, 10**20, "a" * 9]
+
+
+@pytest.mark.parametrize("schema", FREE_NARROWING + NARROWING)
+@pytest.mark.parametrize("caps", [LLG, XGR], ids=["llguidance", "xgrammar"])
+def test_bounded_free_values_accept_only_what_the_original_accepts(schema: dict, caps: Caps) -> None:
+    original = jsonschema.Draft202012Validator(schema)
+    rewritten = jsonschema.Draft202012Validator(capped(copy.deepcopy(schema), caps, closed=True))
+    for doc in FREE_DOCS + DOCS:
+        if rewritten.is_valid(doc):
+            assert original.is_valid(doc), (schema, doc)
+
+
+FREE = {"type": "object", "properties": {"v": {}, "m": {"type": "object"}}, "required": ["v"]}
+
+
+@pytest.mark.parametrize("name", ["llguidance", "xgrammar"])
+def test_grammar_cannot_grow_a_free_value_past_its_caps(tok, name: str) -> None:
+    from tests.runtime.test_constrained import sample
+
+    cfg = GrammarConfig(grammar_backend=name, json_max_string_length=8, json_max_array_items=3,
+                        json_max_object_properties=3)
+    llg = name == "llguidance"
+    with GrammarBackend.from_tokenizer(tok, cfg, num_workers=1) as be:
+        g = be.compile_blocking("json_schema", json.dumps(FREE))
+        assert isinstance(g, Grammar), g
+        assert _accepts(g, tok, '{"v":"abcdefgh"}') and not _accepts(g, tok, '{"v":"abcdefghi"}')
+        assert _accepts(g, tok, '{"v":[[[1,2,3]]]}') and not _accepts(g, tok, '{"v":[[[[1]]]]}')  # 3 levels
+        assert not _accepts(g, tok, '{"v":[1,2,3,4]}') and not _accepts(g, tok, '{"v":[["abcdefghi"]]}')
+        assert _accepts(g, tok, '{"v":1,"m":{"k":{"j":[null]}}}')
+        assert not _accepts(g, tok, '{"v":1,"m":{"k":"abcdefghi"}}')  # an open object's extra value
+        assert _accepts(g, tok, '{"v":{"abcdefgh":1}}') and _accepts(g, tok, '{"v":{"abcdefghi":1}}') != llg
+        assert _accepts(g, tok, '{"v":{"a":1,"b":2,"c":3,"d":4}}') != llg  # maxProperties: llguidance only
+        assert _accepts(g, tok, '{"v":1616161616161616161}') != llg  # I-JSON range: llguidance's numbers
+        if not llg:
+            return  # (xgrammar's free keys are unbounded: random sampling there spends minutes in keys)
+        bias = torch.zeros(tok.vocab_size)
+        for i in range(tok.vocab_size):
+            if i not in tok.special_ids and any(c in tok.token_bytes(i) for c in b'"]}'):
+                bias[i] = 3.0
+        for seed in range(4):  # sampled free values stay within the caps at every level and validate
+            doc = json.loads(sample(g.copy(), tok, bias, seed, max_steps=2000))
+            jsonschema.validate(doc, FREE)
+            assert _within(doc["v"], 8, 3, 3) and _within(doc.get("m", {}), 8, 3, 4)  # m: a map of free values
+
+
+def _within(x, string: int, items: int, depth: int) -> bool:  # noqa: ANN001
+    if isinstance(x, str):
+        return len(x) <= string
+    if isinstance(x, list):
+        return depth > 0 and len(x) <= items and all(_within(v, string, items, depth - 1) for v in x)
+    if isinstance(x, dict):
+        return depth > 0 and len(x) <= items and all(
+            len(k) <= string and _within(v, string, items, depth - 1) for k, v in x.items())
+    return not isinstance(x, (int, float)) or abs(x) < 2**53
+
+
+def test_json_object_is_bounded_already() -> None:
+    """response_format json_object's schema (server/openai/params.py) is typed to two levels, so the caps apply to
+    every value in it without the free-value rewrite."""
+    from server.openai.params import JSON_OBJECT_SCHEMA
+
+    s = capped(json.loads(JSON_OBJECT_SCHEMA))
+    scalar, array, obj = s["additionalProperties"]["anyOf"]
+    assert s["maxProperties"] == 3 and scalar["maxLength"] == 8 and array["maxItems"] == 3
+    assert array["items"]["maxLength"] == 8 and obj["maxProperties"] == 3 and obj["additionalProperties"][
+        "maxLength"] == 8
