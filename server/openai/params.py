@@ -18,12 +18,11 @@ from typing import Any
 import jsonschema
 
 from runtime.config import ServerConfig
+from runtime.constrained.json_rules import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, nesting_depth
 from runtime.tokenizer.generate_input import RequestError, is_int
 
 logger = logging.getLogger(__name__)
 
-MAX_SCHEMA_BYTES = 64 * 1024
-MAX_SCHEMA_DEPTH = 32
 INT64_MAX = 2**63 - 1
 # Accepted and ignored (clients such as LangChain and litellm send them).
 # response_format json_object: any JSON object whose values are scalars, arrays of scalars or objects of
@@ -238,7 +237,7 @@ def check_schema(schema: Any, param: str) -> str:
     text = json.dumps(schema, separators=(",", ":"))
     if len(text) > MAX_SCHEMA_BYTES:
         raise RequestError(f"'{param}' is larger than {MAX_SCHEMA_BYTES} bytes", param, "invalid_value")
-    if _depth(schema) > MAX_SCHEMA_DEPTH:
+    if nesting_depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:  # the runtime's own limits (json_rules)
         raise RequestError(f"'{param}' is nested deeper than {MAX_SCHEMA_DEPTH}", param, "grammar_too_complex")
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
@@ -249,16 +248,6 @@ def check_schema(schema: Any, param: str) -> str:
     except (TypeError, ValueError, RecursionError) as e:
         raise RequestError(f"'{param}' is not a valid JSON schema: {e}"[:500], param, "invalid_value") from None
     return text
-
-
-def _depth(x: Any, level: int = 0) -> int:
-    if level > MAX_SCHEMA_DEPTH:
-        return level
-    if isinstance(x, dict):
-        return max((_depth(v, level + 1) for v in x.values()), default=level)
-    if isinstance(x, list):
-        return max((_depth(v, level + 1) for v in x), default=level)
-    return level
 
 
 def response_format_schema(v: Any) -> str | None:

@@ -106,12 +106,23 @@ def test_response_format_errors(rf, param):
 
 
 def test_schema_depth_and_size_caps():
+    """The front end takes the runtime's limits (runtime/constrained/json_rules.py: 1 MiB, depth 128), not
+    smaller ones of its own: schemas that llguidance compiles are not refused here."""
+    from runtime.constrained.json_rules import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH
+
+    assert (P.MAX_SCHEMA_BYTES, P.MAX_SCHEMA_DEPTH) == (MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH) == (1 << 20, 128)
     deep: dict = {"type": "object"}
     for _ in range(40):
         deep = {"type": "array", "items": deep}
-    assert err(P.check_schema, deep, "s").code == "grammar_too_complex"
-    big = {"enum": ["x" * 100] * 1000}
-    assert err(P.check_schema, big, "s").code == "invalid_value"
+    P.check_schema(deep, "s")  # 42 levels: refused by the old front-end limit of 32
+    for _ in range(MAX_SCHEMA_DEPTH):
+        deep = {"type": "array", "items": deep}
+    e = err(P.check_schema, deep, "s")
+    assert e.code == "grammar_too_complex" and f"nested deeper than {MAX_SCHEMA_DEPTH}" in e.message
+    P.check_schema({"enum": ["x" * 100] * 1000}, "s")  # 100 KiB: over the old 64 KiB
+    e = err(P.check_schema, {"enum": ["x" * 100] * 11000}, "s")
+    assert e.code == "invalid_value" and f"larger than {MAX_SCHEMA_BYTES} bytes" in e.message
+    assert ServerConfig().max_body_bytes >= 2 * MAX_SCHEMA_BYTES  # a body can carry the largest schema
 
 
 def test_one_constraint_only():
