@@ -13,7 +13,8 @@ The transformers reference NLL is cached in bench/results/quant_ppl_hf.json per 
 A window is one forward of --window rows, so every linear runs the dense path (a call of >= 8 rows). To score the
 decode kernels instead (the weight-only kernels that serve calls of fewer rows), --rows-per-call 7 feeds each
 window as consecutive extends of 7 tokens over the cached prefix; --modes picks the runs, a mode's third field
-being its --quantization-kernel, e.g. `--rows-per-call 7 --modes none:float32,auto:float32:native,auto:float32:torch`.
+being its --quantization-kernel, e.g. `--rows-per-call 7 --modes none:float32,auto:float32:native,auto:float32:torch`;
+a fourth field is its --kv-cache-dtype (`gguf:float32:native:float32` vs `...:float16`).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "quant_ppl.md"))
     ap.add_argument("--rows-per-call", type=int, default=0, help="0: a window per forward (the dense path)")
     ap.add_argument("--modes", default=",".join(f"{m}:{d}" for m, d in MODES),
-                    help="quantization:dtype[:kernel] runs, comma-separated")
+                    help="quantization:dtype[:kernel[:kv_cache_dtype]] runs, comma-separated")
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     path = default_model_path()
@@ -130,14 +131,15 @@ def main() -> None:
     rows.append(("transformers (GGUF dequantized), float32", cached[key], 0.0, "-"))
     print(rows[-1], flush=True)
     for spec in args.modes.split(","):
-        mode, dtype, kernel = (spec.split(":") + ["auto"])[:3]
+        mode, dtype, kernel, kv = (spec.split(":") + ["auto", "auto"])[:4]
         runner = create_model_runner(make_config(quantization=mode, dtype=dtype, max_total_tokens=args.window * 2,
-                                                 quantization_kernel=kernel), progress=False)
+                                                 quantization_kernel=kernel, kv_cache_dtype=kv), progress=False)
         t0 = time.time()
         nll = sum(nll_radixgen(runner, c, args.rows_per_call) for c in chunks)
         mb = f"{runner.weights_bytes / 2**20:.1f}"
         name = f"radixgen --quantization {mode} --dtype {dtype}" + (
-            f" --quantization-kernel {kernel}" if kernel != "auto" else "")
+            f" --quantization-kernel {kernel}" if kernel != "auto" else "") + (
+            f" --kv-cache-dtype {runner.cfg.model.kv_cache_dtype}" if kv != "auto" else "")
         rows.append((name, nll / scored, time.time() - t0, mb))
         print(rows[-1], flush=True)
         del runner

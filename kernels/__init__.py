@@ -22,10 +22,11 @@ def create_attn_backend(
     """Factory by name; imports triton / flashinfer only when asked for them.
 
     "cpu" is the native CPU backend (kernels/cpu), compiled on first use: a build failure raises. "auto" on a
-    CPU pool picks "cpu" for float32/bfloat16 pools ("torch" for other dtypes) and, when it cannot be built or
-    loaded here, falls back to "torch" with one warning.
+    CPU pool picks "cpu" for float32/bfloat16/float16 pools ("torch" for other dtypes) and, when it cannot be
+    built or loaded here, falls back to "torch" with one warning.
     """
-    if name == "auto" and k_cache.device.type == "cpu" and k_cache.dtype not in (torch.float32, torch.bfloat16):
+    native_dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    if name == "auto" and k_cache.device.type == "cpu" and k_cache.dtype not in native_dtypes:
         name = "torch"
     if name == "auto" and k_cache.device.type == "cpu":
         try:

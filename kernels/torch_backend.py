@@ -69,5 +69,7 @@ def padded_decode_attention(
     # gathered K/V to float32 cost more than the attention (a third of a bf16 decode step).
     k = ref.gather_slots(kc, slots).transpose(1, 2)  # [B, Hkv, L, D]
     v = ref.gather_slots(vc, slots).transpose(1, 2)
+    if k.dtype != q.dtype:  # a float16 pool under float32 q (--kv-cache-dtype float16): widened as read
+        k, v = k.to(q.dtype), v.to(q.dtype)
     out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.squeeze(2)  # [B, Hq, D]

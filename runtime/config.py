@@ -49,6 +49,13 @@ class ModelConfig:
     AVX2, FMA and F16C and no AVX-512 (where it was measured) when kernels/cpu builds, else torch. A Q8_0
     tensor keeps its block scales under native; torch's int8 kernel needs one scale per output channel, so
     there it is re-rounded."""
+    kv_cache_dtype: str = "auto"
+    """KV cache element type: auto, float32, bfloat16 or float16. auto: float16 on CPU when the model runs in
+    float32 with quantized weights (the approximate, llama.cpp-like mode: llama.cpp keeps its KV cache in float16;
+    single-stream decode reads the cache once per token, so half the bytes, bench/results/kv_dtype-zen3.md), else
+    the model's dtype (so --quantization none / --dtype float32 keep the exact float32 path). A float16 cache
+    under a float32 model is widened to float32 when read (scores, softmax and outputs in float32). Supported:
+    the model's dtype anywhere, float16 under float32 on CPU."""
     device: str = "auto"
     """Device to run on: auto, cpu or cuda."""
     context_length: int | None = None
@@ -321,6 +328,7 @@ def resolve(cfg: Config) -> Config:
     if model.dtype == "auto":
         bf16 = model.device == "cuda" or cpu_has_native_bf16()
         model = dataclasses.replace(model, dtype="bfloat16" if bf16 else "float32")
+    model = dataclasses.replace(model, kv_cache_dtype=_resolve_kv_cache_dtype(model))
     if model.attention_backend == "auto" and model.device == "cuda":  # CPU auto: kernels.create_attn_backend
         import importlib.util
 
@@ -377,6 +385,24 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
 
 
 QUANTIZATION_MODES = ("auto", "gguf", "none", "int8", "int4", "fp8")
+
+
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _resolve_kv_cache_dtype(model: ModelConfig) -> str:
+    """auto -> float16 (CPU, float32 model, quantized weights) or the model's dtype; explicit values checked
+    against what the attention kernels take. Runs after dtype and quantization are resolved."""
+    kv = model.kv_cache_dtype
+    if kv not in KV_CACHE_DTYPES:
+        raise ValueError(f"unknown --kv-cache-dtype {kv!r} (one of {', '.join(KV_CACHE_DTYPES)})")
+    f16_ok = model.device == "cpu" and model.dtype == "float32"
+    if kv == "auto":
+        return "float16" if f16_ok and model.quantization != "none" else model.dtype
+    if kv != model.dtype and not (kv == "float16" and f16_ok):
+        raise ValueError(f"--kv-cache-dtype {kv} cannot run with --dtype {model.dtype} on {model.device} (the "
+                         "model's dtype, or float16 under float32 on CPU)")
+    return kv
 
 
 def _resolve_quantization(model: ModelConfig) -> str:

@@ -21,6 +21,7 @@ from runtime.config import SECTIONS, Config, make_config
 
 CHOICES = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
+    "kv_cache_dtype": config_mod.KV_CACHE_DTYPES,
     "device": ("auto", "cpu", "cuda"),
     "attention_backend": ("auto", "cpu", "torch", "triton", "flashinfer"),
     "schedule_policy": ("auto", "lpm", "fcfs", "dfs-weight"),

@@ -18,7 +18,9 @@
 //             the batch (extend_amx.h: bf16 AMX tiles where oneDNN has them, else bf16 vdpbf16ps where the CPU
 //             has AVX-512-BF16 (gemm_bf16.h), else float32 brgemm); other head
 //             sizes take the row kernel below.
-// Numerics: inputs float32 or bfloat16, scores/softmax/accumulators float32, outputs in the input dtype.
+// Numerics: inputs float32 or bfloat16, scores/softmax/accumulators float32, outputs in the input dtype; a
+// float16 pool (--kv-cache-dtype float16) under float32 q is widened as read (F16C in the AVX2 row kernel) and
+// takes the row kernel for decode's shared prefix, the float32 brgemm path (converted while packing) for extend.
 // GQA: the G = Hq / Hkv query heads of a KV head are rows of the same item, so each K/V row is read once for them.
 // The row kernels are plain C++ for the compiler's vectorizer (-O3 -march=native: AVX2 or AVX-512), with
 // AVX-512 / AVX-512-BF16 intrinsics behind #if for the hot decode loops; the same source builds on any x86-64
@@ -38,7 +40,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -87,6 +89,16 @@ void run_items(int64_t n, int max_m, int d, int hd, const F& f) {
 // H KV heads contiguously (H*D elements), so each key is one contiguous read for every head and query row.
 // Row m sees keys j < lim[m] when lim is given (causal). State per row: running max sc.m, sum sc.l,
 // unnormalized output sc.o [M, D]. Call init() first.
+#if defined(__AVX2__) && defined(__FMA__)
+// Pools whose rows the AVX2 row kernel reads in place (8 float32 lanes per load): float32, and float16 with F16C.
+template <typename R>
+constexpr bool kInPlace = std::is_same_v<R, float>
+#if defined(__F16C__)
+                          || std::is_same_v<R, at::Half>
+#endif
+    ;
+#endif
+
 template <typename R, int DT>
 struct Rows {
   int H, Mh, M, D, HD;
@@ -194,7 +206,7 @@ struct Rows {
     float* kb = sc.kbuf.data();
     float* s = sc.s.data();
 #if defined(__AVX512F__)
-    if (Mh <= SMALL_M && d % 32 == 0) {  // K read in place, 16 keys per horizontal-sum pass
+    if (!std::is_same_v<R, at::Half> && Mh <= SMALL_M && d % 32 == 0) {  // K in place, 16 keys per pass
       const R* krow[BLK];
       for (int h = 0; h < H; ++h) {
         for (int j = 0; j < nb; ++j) krow[j] = kbase + int64_t(slot[j]) * rs + h * d;
@@ -202,17 +214,19 @@ struct Rows {
           const int m = h * Mh + mm;
           const float* q32 = sc.q.data() + size_t(m) * d;
           const uint16_t* qb = sc.qb.data() + size_t(m) * d;
-          for (int j = 0; j < nb; j += 16)
-            scores16(q32, reinterpret_cast<const R*>(qb), krow + j, std::min(16, nb - j), d,
-                     std::is_same_v<R, float> ? 1.0f : raw_q_scale(), s + m * BLK + j);
+          if constexpr (!std::is_same_v<R, at::Half>)
+            for (int j = 0; j < nb; j += 16)
+              scores16(q32, reinterpret_cast<const R*>(qb), krow + j, std::min(16, nb - j), d,
+                       std::is_same_v<R, float> ? 1.0f : raw_q_scale(), s + m * BLK + j);
         }
       }
     } else
 #elif defined(__AVX2__) && defined(__FMA__)
-    if (std::is_same_v<R, float> && Mh <= SMALL_M && d % 8 == 0) {  // float32 K read in place, 8 keys per pass
-      const float* krow[BLK];
+    if (kInPlace<R> && Mh <= SMALL_M && d % 8 == 0) {  // float32/float16 K read in place, 8 keys per pass
+      using KR = std::conditional_t<kInPlace<R>, R, float>;  // (R itself whenever this branch runs)
+      const KR* krow[BLK];
       for (int h = 0; h < H; ++h) {
-        for (int j = 0; j < nb; ++j) krow[j] = reinterpret_cast<const float*>(kbase + int64_t(slot[j]) * rs) + h * d;
+        for (int j = 0; j < nb; ++j) krow[j] = reinterpret_cast<const KR*>(kbase + int64_t(slot[j]) * rs) + h * d;
         for (int mm = 0; mm < Mh; ++mm) {
           const int m = h * Mh + mm;
           for (int j = 0; j < nb; j += 8)
@@ -262,18 +276,18 @@ struct Rows {
       const float alpha = softmax_row(m, sm, vis);
       float* om = sc.o.data() + size_t(m) * d;
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-      if constexpr (std::is_same_v<R, float> && DT % 8 == 0 && DT > 0 && DT <= 128) {  // V rows read in place
+      if constexpr (kInPlace<R> && DT % 8 == 0 && DT > 0 && DT <= 128) {  // V rows read in place
         constexpr int NV = DT / 8;
         __m256 acc[NV];
         const __m256 av = _mm256_set1_ps(alpha);
 #pragma GCC unroll 16
         for (int c = 0; c < NV; ++c) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(om + 8 * c), av);
-        const float* vh0 = vbase + (m / Mh) * DT;
+        const R* vh0 = vbase + (m / Mh) * DT;
         for (int j = 0; j < vis; ++j) {
           const __m256 pv = _mm256_set1_ps(sm[j]);
-          const float* vj = vh0 + int64_t(slot[j]) * rs;
+          const R* vj = vh0 + int64_t(slot[j]) * rs;
 #pragma GCC unroll 16
-          for (int c = 0; c < NV; ++c) acc[c] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vj + 8 * c), acc[c]);
+          for (int c = 0; c < NV; ++c) acc[c] = _mm256_fmadd_ps(pv, load8(vj + 8 * c), acc[c]);
         }
 #pragma GCC unroll 16
         for (int c = 0; c < NV; ++c) _mm256_storeu_ps(om + 8 * c, acc[c]);
@@ -335,16 +349,19 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
                   const at::Tensor& req_to_token, const at::Tensor& rows) {
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu(), "radixgen cpu attention: CPU tensors only");
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "bad q/cache ranks");
-  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && v_cache.scalar_type() == k_cache.scalar_type(),
-              "q and the caches must share a dtype, got ", q.scalar_type(), " and ", k_cache.scalar_type());
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16, "float32 or bfloat16 only");
+  TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type(), "the K and V caches must share a dtype");
+  const auto qt = q.scalar_type(), ct = k_cache.scalar_type();
+  TORCH_CHECK((qt == ct && (qt == at::kFloat || qt == at::kBFloat16)) || (qt == at::kFloat && ct == at::kHalf),
+              "q / cache dtypes: float32 / float32, bfloat16 / bfloat16 or float32 / float16 only, got ", qt, " / ",
+              ct);
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(q.size(2) == k_cache.size(3) && q.size(1) % k_cache.size(2) == 0, "head shapes do not match");
   TORCH_CHECK(req_to_token.scalar_type() == at::kInt && req_to_token.is_contiguous(), "req_to_token int32");
   TORCH_CHECK(rows.scalar_type() == at::kLong, "row indices int64");
 }
 
-template <typename R, int DT>
+// Q: q and output element (float or bf16 bits), R: pool element (the same, or at::Half under float32 q).
+template <typename Q, typename R, int DT>
 void decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t layer,
                  const at::Tensor& r2t, const at::Tensor& rows_t, const at::Tensor& lens_t, int64_t shared_len,
                  double scale, at::Tensor& out) {
@@ -352,8 +369,8 @@ void decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
   const int64_t rs = int64_t(Hkv) * D, C = r2t.size(1);
   const R* kl = reinterpret_cast<const R*>(k_cache.data_ptr()) + layer * k_cache.stride(0);
   const R* vl = reinterpret_cast<const R*>(v_cache.data_ptr()) + layer * v_cache.stride(0);
-  const R* qp = reinterpret_cast<const R*>(q.data_ptr());
-  R* op = reinterpret_cast<R*>(out.data_ptr());
+  const Q* qp = reinterpret_cast<const Q*>(q.data_ptr());
+  Q* op = reinterpret_cast<Q*>(out.data_ptr());
   const int32_t* tab = r2t.data_ptr<int32_t>();
   const int64_t* rows = rows_t.data_ptr<int64_t>();
   const int64_t* lens = lens_t.data_ptr<int64_t>();
@@ -400,7 +417,7 @@ void decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
     thread_local amx::Buffers<T> buf;
     const int64_t c = it / Hkv, j0 = c * pre_chunk, n = std::min(pre_chunk, P - j0);
     const int h = it % Hkv, M = B * G;
-    std::vector<const R*> qr(M);
+    std::vector<const Q*> qr(M);
     for (int b = 0; b < B; ++b)
       for (int g = 0; g < G; ++g) qr[b * G + g] = qp + b * qs0 + (h * G + g) * qs1;
     amx::attend_keys(amx::KvView<R>{kl + h * D, vl + h * D, rs}, tab + rows[0] * C + j0, int(n), qr.data(), M, D,
@@ -463,7 +480,7 @@ void decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
   });
 }
 
-template <typename R, int DT>
+template <typename Q, typename R, int DT>
 void extend_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t layer,
                  const at::Tensor& r2t, const at::Tensor& rows_t, const at::Tensor& pre_t, const at::Tensor& ext_t,
                  int64_t shared_len, double scale, at::Tensor& out) {
@@ -472,8 +489,8 @@ void extend_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
   const int64_t rs = int64_t(Hkv) * D, C = r2t.size(1);
   const R* kl = reinterpret_cast<const R*>(k_cache.data_ptr()) + layer * k_cache.stride(0);
   const R* vl = reinterpret_cast<const R*>(v_cache.data_ptr()) + layer * v_cache.stride(0);
-  const R* qp = reinterpret_cast<const R*>(q.data_ptr());
-  R* op = reinterpret_cast<R*>(out.data_ptr());
+  const Q* qp = reinterpret_cast<const Q*>(q.data_ptr());
+  Q* op = reinterpret_cast<Q*>(out.data_ptr());
   const int32_t* tab = r2t.data_ptr<int32_t>();
   const int64_t* rows = rows_t.data_ptr<int64_t>();
   const int64_t* pre = pre_t.data_ptr<int64_t>();
@@ -529,8 +546,8 @@ void extend_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
         thread_local amx::Buffers<T> buf;
         const Item it = items[i];
         const int nq = std::min<int64_t>(QB, ext[it.b] - it.q0), M = nq * G;
-        std::vector<const R*> qr(M);
-        std::vector<R*> orow(M);
+        std::vector<const Q*> qr(M);
+        std::vector<Q*> orow(M);
         std::vector<int> lim(M);
         std::vector<amx::Block<T>> blocks;
         for (int h = 0; h < Hkv; ++h) {
@@ -592,28 +609,32 @@ void extend_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
   });
 }
 
-template <template <typename, int> class Fn, typename... Args>
-void dispatch(const at::Tensor& q, Args&&... args) {
-  const bool bf = q.scalar_type() == at::kBFloat16;
+template <typename Q, typename R, template <typename, typename, int> class Fn, typename... Args>
+void dispatch_d(const at::Tensor& q, Args&&... args) {
   switch (q.size(2)) {
-    case 64:
-      return bf ? Fn<uint16_t, 64>::run(q, args...) : Fn<float, 64>::run(q, args...);
-    case 128:
-      return bf ? Fn<uint16_t, 128>::run(q, args...) : Fn<float, 128>::run(q, args...);
-    default:
-      return bf ? Fn<uint16_t, 0>::run(q, args...) : Fn<float, 0>::run(q, args...);
+    case 64: return Fn<Q, R, 64>::run(q, args...);
+    case 128: return Fn<Q, R, 128>::run(q, args...);
+    default: return Fn<Q, R, 0>::run(q, args...);
   }
 }
 
-template <typename R, int DT>
+// (q, pool) element types: (float, float), (bf16, bf16) or (float, float16) (check_inputs).
+template <template <typename, typename, int> class Fn, typename... Args>
+void dispatch(const at::Tensor& q, const at::Tensor& k_cache, Args&&... args) {
+  if (k_cache.scalar_type() == at::kHalf) return dispatch_d<float, at::Half, Fn>(q, k_cache, args...);
+  if (q.scalar_type() == at::kBFloat16) return dispatch_d<uint16_t, uint16_t, Fn>(q, k_cache, args...);
+  return dispatch_d<float, float, Fn>(q, k_cache, args...);
+}
+
+template <typename Q, typename R, int DT>
 struct DecodeFn {
   template <typename... A>
-  static void run(const at::Tensor& q, A&&... a) { decode_impl<R, DT>(q, a...); }
+  static void run(const at::Tensor& q, A&&... a) { decode_impl<Q, R, DT>(q, a...); }
 };
-template <typename R, int DT>
+template <typename Q, typename R, int DT>
 struct ExtendFn {
   template <typename... A>
-  static void run(const at::Tensor& q, A&&... a) { extend_impl<R, DT>(q, a...); }
+  static void run(const at::Tensor& q, A&&... a) { extend_impl<Q, R, DT>(q, a...); }
 };
 
 at::Tensor decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor k_cache,

@@ -48,7 +48,8 @@ def shared_prefix_len(req_to_token: torch.Tensor, rows: torch.Tensor, limits: tu
 
 
 class CpuAttnBackend(BaseAttnBackend):
-    """q: [T, Hq, D]; k, v: [T, Hkv, D]; returns [T, Hq, D]. Caches [L, S, Hkv, D], float32 or bfloat16."""
+    """q: [T, Hq, D]; k, v: [T, Hkv, D]; returns [T, Hq, D]. Caches [L, S, Hkv, D]: float32 or bfloat16 as q, or
+    float16 under float32 q."""
 
     def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> None:
         if k_cache.device.type != "cpu":

@@ -21,7 +21,9 @@ template <typename R>
 inline SharedPath shared_path(int M, int D) {
   if (M < GEMM_MIN_ROWS || D % 32 != 0 || D > 256) return SharedPath::rows;
   if constexpr (std::is_same_v<R, float>) return SharedPath::brgemm_f32;
-  else return available<uint16_t>() ? SharedPath::brgemm_bf16 : SharedPath::rows;  // AMX brgemm or vdpbf16ps
+  else if constexpr (std::is_same_v<R, uint16_t>)
+    return available<uint16_t>() ? SharedPath::brgemm_bf16 : SharedPath::rows;  // AMX brgemm or vdpbf16ps
+  else return SharedPath::rows;  // float16 pools: the row kernel
 }
 
 // Keys per shared-prefix chunk: whole NB blocks, few enough items per KV head that each amortizes its setup
@@ -41,8 +43,8 @@ struct KvView {  // one KV head of a layer: key / value row of slot s at k + s *
 
 // Attends the M query rows q_rows (raw, unscaled) to the n keys in slots slot[0, n), no causal limit; leaves
 // the flash state (b.o unnormalized, b.m, b.l) for the caller to read. R: pool type, T: packed type.
-template <typename R, typename T>
-inline void attend_keys(const KvView<R>& kv, const int32_t* slot, int n, const R* const* q_rows, int M, int D,
+template <typename R, typename Q, typename T>
+inline void attend_keys(const KvView<R>& kv, const int32_t* slot, int n, const Q* const* q_rows, int M, int D,
                         float scale, Buffers<T>& b) {
   start_rows(q_rows, M, D, b);
   b.pack.resize(block_elems(D));

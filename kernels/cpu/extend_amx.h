@@ -40,11 +40,11 @@ inline size_t block_elems(int D) { return size_t(2) * D * NB; }
 // R is the pool's element type, T the packed one (bf16 pools pack to float32 where bf16 brgemm is unavailable).
 template <typename R, typename T>
 inline void pack_block(const R* kbase, const R* vbase, int64_t rs, const int32_t* slot, int nb, int D, T* dst) {
-  if constexpr (!std::is_same_v<R, T>) {  // bf16 pool -> float32 blocks
+  if constexpr (!std::is_same_v<R, T>) {  // bf16 or float16 pool -> float32 blocks
     for (int j = 0; j < NB; ++j) {
       if (j < nb) {
         const R* kr = kbase + int64_t(slot[j]) * rs;
-        for (int d = 0; d < D; ++d) dst[d * NB + j] = bf16_to_f32(kr[d]);
+        for (int d = 0; d < D; ++d) dst[d * NB + j] = elem_f32(kr[d]);
         to_f32(vbase + int64_t(slot[j]) * rs, dst + size_t(D) * NB + size_t(j) * D, D);
       } else {
         for (int d = 0; d < D; ++d) dst[d * NB + j] = 0.0f;

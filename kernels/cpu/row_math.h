@@ -31,6 +31,17 @@ inline void to_f32(const uint16_t* src, float* dst, int n) {
 #pragma omp simd
   for (int i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
 }
+// float16 pools (--kv-cache-dtype float16): K/V only, widened to float32 on read (F16C where the CPU has it).
+inline float elem_f32(uint16_t h) { return bf16_to_f32(h); }  // a bf16 pool element
+inline float elem_f32(at::Half h) { return static_cast<float>(h); }
+inline void to_f32(const at::Half* src, float* dst, int n) {
+  int i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
 inline void from_f32(const float* src, float* dst, int n) { std::memcpy(dst, src, sizeof(float) * n); }
 inline void from_f32(const float* src, uint16_t* dst, int n) {
 #pragma omp simd
@@ -113,6 +124,12 @@ inline __m256 exp_neg8(__m256 x) {  // exp_neg on 8 lanes (AVX2), same polynomia
   return _mm256_and_ps(y, _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ));
 }
 
+// 8 elements of a float32 or float16 pool row as float32 lanes.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+#if defined(__F16C__)
+inline __m256 load8(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+#endif
+
 inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -141,8 +158,9 @@ inline __m256 reduce8(const __m256* v) {
 
 // Float32 scores of one query row against up to 8 keys read in place: out[j] = dot(q, krow[j]) for j < n,
 // d % 8 == 0 (q already scaled). The 8 accumulators stay in registers; one transposed reduction per 8 keys.
-inline void scores8(const float* q, const float* const* krow, int n, int d, float* out) {
-  const float* k[8];
+template <typename KV>
+inline void scores8(const float* q, const KV* const* krow, int n, int d, float* out) {
+  const KV* k[8];
 #pragma GCC unroll 8
   for (int j = 0; j < 8; ++j) k[j] = krow[j < n ? j : 0];  // pad lanes read key 0 again; not stored
   __m256 acc[8];
@@ -151,7 +169,7 @@ inline void scores8(const float* q, const float* const* krow, int n, int d, floa
   for (int x = 0; x < d; x += 8) {
     const __m256 qv = _mm256_loadu_ps(q + x);
 #pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[j] + x), acc[j]);
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, load8(k[j] + x), acc[j]);
   }
   const __m256 r = reduce8(acc);
   if (n == 8) {

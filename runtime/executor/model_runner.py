@@ -55,6 +55,7 @@ class ModelRunner:
         mc = cfg.model
         self.device = torch.device(mc.device)
         self.dtype = DTYPES[mc.dtype]
+        self.kv_dtype = DTYPES[mc.kv_cache_dtype]  # the KV pool's elements (float16 under a float32 model: see config)
         self.tp_size, self.tp_rank = cfg.parallel.tp_size, tp_rank
         threads = mc.num_threads if self.tp_size == 1 else tp.threads_per_rank(cfg)
         if threads and self.device.type == "cpu":
@@ -95,14 +96,14 @@ class ModelRunner:
         """The KV pool, its allocator, the request-to-token table, the attention backend over the pool and the
         decode graphs (which capture all of these)."""
         cfg, mc, arch = self.cfg, self.cfg.model, self.arch
-        self.pool = KVPool(arch.num_layers, num_slots, arch.num_kv_heads, arch.head_dim, self.dtype, self.device)
+        self.pool = KVPool(arch.num_layers, num_slots, arch.num_kv_heads, arch.head_dim, self.kv_dtype, self.device)
         self.allocator = SlotAllocator(num_slots, cfg.cache.page_size, strict=cfg.cache.strict_memory_check)
         self.req_to_token = ReqToTokenTable(cfg.scheduler.max_running_requests, self.context_len, self.device)
         self.attn = create_attn_backend(
             mc.attention_backend, self.pool.k_cache, self.pool.v_cache, arch.head_dim**-0.5
         )
-        log.info("model %s: %d layers, KV pool %d slots, backend %s, %s",
-                 self.model_path, arch.num_layers, num_slots, mc.attention_backend, mc.dtype)
+        log.info("model %s: %d layers, KV pool %d slots (%s), backend %s, %s",
+                 self.model_path, arch.num_layers, num_slots, mc.kv_cache_dtype, mc.attention_backend, mc.dtype)
         self.graph_runner: DecodeGraphRunner | None = None
         if self.tp_size > 1:
             log.info("tensor parallel rank %d/%d: eager forward (no compiled or captured graphs)", self.tp_rank,
@@ -135,7 +136,7 @@ class ModelRunner:
 
     def _pool_size(self, cfg: Config) -> int:
         a = self.arch
-        per_slot = KVPool.bytes_per_slot(a.num_layers, a.num_kv_heads, a.head_dim, self.dtype)
+        per_slot = KVPool.bytes_per_slot(a.num_layers, a.num_kv_heads, a.head_dim, self.kv_dtype)
         if cfg.cache.max_total_tokens:
             n = cfg.cache.max_total_tokens
         elif self.device.type == "cuda":

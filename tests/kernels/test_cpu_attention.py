@@ -17,10 +17,10 @@ import torch
 from kernels import ref
 from kernels.cpu import ops
 from kernels.cpu.backend import CpuAttnBackend, shared_prefix_len
-from tests.kernels.conftest import DTYPE_GEMMS
+from tests.kernels.conftest import DTYPE_GEMMS, Q_DTYPE
 from tests.kernels.paged import make_paged_batch, step_meta
 
-TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 1e-5}  # f16 pool: the same values both sides
 
 # (batch, context range, GQA group, page size, shared prefix length, head_dim)
 DECODE_GRID = [
@@ -57,9 +57,10 @@ def _run(pb, prefix, extend, group, dtype, is_decode, seed=0):
     hkv, d = pb.k_cache.shape[2], pb.k_cache.shape[3]
     meta = step_meta(pb, prefix, extend, is_decode)
     t = sum(extend)
-    q = torch.randn(t, hkv * group, d, generator=g).to(dtype)
-    k = torch.randn(t, hkv, d, generator=g).to(dtype)
-    v = torch.randn(t, hkv, d, generator=g).to(dtype)
+    qd = Q_DTYPE.get(dtype, dtype)
+    q = torch.randn(t, hkv * group, d, generator=g).to(qd)
+    k = torch.randn(t, hkv, d, generator=g).to(qd)
+    v = torch.randn(t, hkv, d, generator=g).to(qd)
     kr, vr = pb.k_cache[0].clone(), pb.v_cache[0].clone()
     ref.store_kv(kr, vr, meta.out_cache_loc, k, v)
     scale = d**-0.5
@@ -116,7 +117,7 @@ def test_mixed_step_matches_reference(dtype, bf16_gemm) -> None:
     g = torch.Generator().manual_seed(1)
     meta = dataclasses.replace(step_meta(pb, prefix, extend, False), num_decode=3)
     t = sum(extend)
-    q, k, v = (torch.randn(t, h, 64, generator=g).to(dtype) for h in (9, 3, 3))
+    q, k, v = (torch.randn(t, h, 64, generator=g).to(Q_DTYPE.get(dtype, dtype)) for h in (9, 3, 3))
     kr, vr = pb.k_cache[0].clone(), pb.v_cache[0].clone()
     ref.store_kv(kr, vr, meta.out_cache_loc, k, v)
     want = ref.extend_attention(q, kr, vr, pb.req_to_token, pb.req_pool_indices, tuple(prefix), tuple(extend),

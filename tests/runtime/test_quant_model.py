@@ -35,6 +35,15 @@ def test_resolve_quantization_defaults(native_bf16, monkeypatch) -> None:
     assert _resolved(dtype="float32").quantization == "none"  # exact float runs stay float
     assert _resolved(model_path="/some/hf_dir").quantization == "none"
     assert _resolved(model_path="/some/hf_dir", quantization="int4").dtype == want
+    # the KV cache: float16 under a float32 model with quantized weights, else the model's dtype
+    assert m.kv_cache_dtype == ("bfloat16" if native_bf16 else "float16")
+    assert _resolved(dtype="float32").kv_cache_dtype == "float32"
+    assert _resolved(quantization="none").kv_cache_dtype == want
+    assert _resolved(dtype="float32", kv_cache_dtype="float16").kv_cache_dtype == "float16"
+    with pytest.raises(ValueError, match="--kv-cache-dtype float16 cannot run with --dtype bfloat16"):
+        _resolved(dtype="bfloat16", kv_cache_dtype="float16")
+    with pytest.raises(ValueError, match="unknown --kv-cache-dtype"):
+        _resolved(kv_cache_dtype="fp8_e5m2")
     with pytest.raises(ValueError, match="fp8 needs CUDA"):
         _resolved(quantization="fp8")
     with pytest.raises(ValueError, match="unknown --quantization"):
