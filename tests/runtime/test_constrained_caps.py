@@ -49,10 +49,15 @@ def test_maps_get_a_key_cap_and_closed_objects_none() -> None:
     s = capped({"type": "object", "properties": {
         "map": {"type": "object", "additionalProperties": {"type": "integer"}},
         "open4": {"type": "object", "properties": four, "additionalProperties": True},
+        "req4": {"type": "object", "properties": four, "required": list(four), "additionalProperties": True},
+        "partner": {"type": "object", "anyOf": [{"properties": {"a": STR}}]},
         "min": {"type": "object", "minProperties": 5},
         "own": {"type": "object", "maxProperties": 50},
         "listed": {"type": "object", "properties": four}}}, closed=True)["properties"]
-    assert s["map"]["maxProperties"] == 3 and s["open4"]["maxProperties"] == 4 and s["min"]["maxProperties"] == 5
+    assert s["map"]["maxProperties"] == 3 and s["req4"]["maxProperties"] == 4 and s["min"]["maxProperties"] == 5
+    # llguidance refuses maxProperties where a listed key is optional (own or a partner's): none there, rather
+    # than the whole cap level falling back to no caps
+    assert "maxProperties" not in s["open4"] and "maxProperties" not in s["partner"]
     assert s["own"]["maxProperties"] == 50
     assert s["listed"]["additionalProperties"] is False and "maxProperties" not in s["listed"]
     assert "maxProperties" not in capped({"type": "object"}, XGR)
@@ -394,3 +399,22 @@ def test_json_object_is_bounded_already() -> None:
     assert s["maxProperties"] == 3 and scalar["maxLength"] == 8 and array["maxItems"] == 3
     assert array["items"]["maxLength"] == 8 and obj["maxProperties"] == 3 and obj["additionalProperties"][
         "maxLength"] == 8
+
+
+def test_llguidance_keeps_the_caps_on_objects_with_optional_keys_and_free_values() -> None:
+    """MCPspec/Result's and o69744's shapes: an open object with an optional listed key (own, or an anyOf
+    partner's). llguidance refuses maxProperties there; before, that refusal dropped every cap of the schema (the
+    no-caps level compiled), so their free values ran on. Now they compile at the strictest level, bounded."""
+    from runtime.constrained.llguidance_backend import _strictest
+
+    result = {"$schema": "http://json-schema.org/draft-07/schema#", "$ref": "#/definitions/Result", "definitions": {
+        "Result": {"type": "object", "additionalProperties": {}, "properties": {
+            "_meta": {"type": "object", "additionalProperties": {}}}}}}
+    hyperty = {"type": "object", "properties": {"name": STR}, "required": ["name"],
+               "anyOf": [{"$ref": "#/$defs/i"}], "$defs": {"i": {"type": "object", "properties": {"url": STR},
+                                                                    "required": ["url"]}}}
+    for schema in (result, hyperty):
+        out, text = _strictest(parse_schema(json.dumps(schema)), GrammarConfig())
+        assert text is not None and out["$defs"]["radixgen_any_3"]["maxLength"] == 256
+        assert out["$defs"]["radixgen_any_3"]["multipleOf"] == 1e-10  # numbers bounded too (the "1616..." run)
+    assert out["additionalProperties"] == {"$ref": ANY} and out["properties"]["url"] is True
