@@ -156,7 +156,10 @@ class GrammarConfig:
     long free text is expected. Chosen by measurement (bench/results/constrained.md): with 256/32/32 (this and
     the two caps below) 4 of MaskBench's 573 valid documents hold a longer value (128/16/16: 9, 64/8/8: 36),
     while end to end on 120 real schemas the smaller caps returned about as many valid answers (86 vs 85 of
-    120 at max_tokens 1024: within the run-to-run noise)."""
+    120 at max_tokens 1024: within the run-to-run noise). A free-form value (`{}`, `true`, an open object's extra
+    values, an array's items without a schema) gets the three caps at every level, nested at most 3
+    arrays/objects deep, its object keys at most this long on llguidance (runtime/constrained/json_any.py; only
+    where no other subschema says more about that value)."""
     json_max_array_items: int = 32
     """A JSON array without maxItems may hold at most this many items (never below its minItems; llguidance and
     xgrammar backends; 0: no cap), so a repeated item (`"","",...`) cannot fill the token budget; longer
