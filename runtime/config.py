@@ -166,8 +166,9 @@ class GrammarConfig:
     legitimate arrays are cut short, validly (no MaskBench valid document has an array past 16 items)."""
     json_max_object_properties: int = 32
     """A JSON object that admits keys its schema does not list (additionalProperties not false, or
-    patternProperties; with --no-json-allow-extra-properties, the default, that is a map-like object) and has no
-    maxProperties may hold at most this many keys (never below its minProperties or its listed keys; llguidance
+    patternProperties; with --no-json-allow-extra-properties, the default, that is a map-like object), has no
+    maxProperties and lists no optional key (llguidance refuses maxProperties beside one) may hold at most this
+    many keys (never below its minProperties or its listed keys; llguidance
     backend: xgrammar does not enforce maxProperties; 0: no cap), so a model cannot add keys for the whole token
     budget; larger legitimate maps are cut short, validly."""
 
