@@ -13,15 +13,17 @@
 // 127, and X_b = s * sum(a); the int8 dot of codes and a is exact in int32 (maddubs/madd); then
 // y += d * s * dot (+ m * X_b for q4) in float32: W times the rounded x. The rounding moves an element by at most
 // max|x_b| / 254 (a bfloat16 activation, what torch's CPU int4/int8 kernels take, by |x| / 256: finer for the
-// block's small elements; llama.cpp decodes with this int8 scheme). Each output element's
-// order of operations depends only on its own row and K (two float32 accumulators over alternate blocks), never on
-// M or the thread count: results are batch-invariant. Threads split N.
+// block's small elements; llama.cpp decodes with this int8 scheme). q4 works on pairs of blocks: one 32-byte load
+// holds both blocks' nibbles, and the activations are laid out to match (QuantizedRows::a2), so the int32 sums
+// of block 2p land in lanes 0-3 and of 2p + 1 in lanes 4-7 of one vector. Each output element's order of
+// operations depends only on its own row and K, never on M or the thread count: results are batch-invariant.
+// Threads split N.
 //
 // Why: at batch 1 decode is bound by the weight bytes read per token. torch._weight_int4pack_mm_for_cpu reads
-// them at about half of a 2-core AVX2 EPYC's bandwidth; here each 32-weight block costs one 16-byte load and
-// ~8 vector instructions per row of x: 1.75x torch's int4 per layer at one row, the q8 lm_head at the read bound
-// (bench/results/quant_kernels-zen3.md, quant.md). Cost grows with the rows of x: from ~3 rows a dense float32
-// GEMM on a kept copy is faster (kernels/quant/weights.py's dense_min_rows decides).
+// them at about half of a 2-core AVX2 EPYC's bandwidth; here the q4 loop costs ~6 vector instructions per block
+// and row and prefetches the rows ahead, the q8 lm_head runs at the read bound (bench/results/
+// quant_kernels-zen3.md, quant.md). Cost grows with the rows of x: from ~3 rows a dense float32 GEMM on a kept
+// copy is faster (kernels/quant/weights.py's dense_min_rows decides).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -42,6 +44,10 @@ namespace {
 
 constexpr int QK = 32;       // weights per block
 constexpr int MAX_ROWS = 4;  // rows of x per pass over a weight row (accumulators stay in registers)
+// q4 prefetches weight rows this far ahead of the loop: every call streams rows no cache holds, and the hardware
+// prefetcher starts over at each call (a decode step makes 4 calls per layer): ~15 % off the streamed q4 time at
+// one row of x on a 2-core AVX2 EPYC (bench/results/quant_kernels-zen3.md).
+constexpr int64_t PF_ROWS = 32;
 
 // Activations of one call quantized per block: a [M, K] int8, s [M, K / 32] (scale), sum [M, K / 32] = s * sum(a),
 // the sum of the rounded block (not of x: then y is exactly W times the rounded x, whose error is sum_j W_j e_j;
@@ -49,9 +55,16 @@ constexpr int MAX_ROWS = 4;  // rows of x per pass over a weight row (accumulato
 struct QuantizedRows {
   std::vector<int8_t> a;
   std::vector<float> s, sum;
+  // q4 only (pairs = true): a in pair order, 64 bytes per pair of blocks (2p, 2p + 1): a[2p][0:16],
+  // a[2p+1][0:16], a[2p][16:32], a[2p+1][16:32] (a missing odd block: zeros), and s2 [M, npairs, 8]:
+  // s[2p] in lanes 0-3, s[2p+1] in lanes 4-7 (0 for a missing block). Row r's pairs start at r * npairs.
+  std::vector<int8_t> a2;
+  std::vector<float> s2;
 };
 
-QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K) {
+inline int64_t num_pairs(int64_t nb) { return (nb + 1) / 2; }
+
+QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K, bool pairs = false) {
   const int64_t nb = K / QK;
   QuantizedRows q{std::vector<int8_t>(M * K), std::vector<float>(M * nb), std::vector<float>(M * nb)};
   for (int64_t r = 0; r < M; ++r)
@@ -79,6 +92,20 @@ QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K) {
       q.s[r * nb + b] = s;
       q.sum[r * nb + b] = s * static_cast<float>(sum);
     }
+  if (pairs) {  // the q4 pair layout (see QuantizedRows)
+    const int64_t np = num_pairs(nb);
+    q.a2.assign(M * np * 64, int8_t{0});
+    q.s2.assign(M * np * 8, 0.0f);
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t p = b / 2, odd = b % 2;
+        const int8_t* src = q.a.data() + r * K + b * QK;
+        int8_t* dst = q.a2.data() + (r * np + p) * 64 + odd * 16;
+        std::copy(src, src + 16, dst);
+        std::copy(src + 16, src + 32, dst + 32);
+        std::fill_n(q.s2.data() + (r * np + p) * 8 + odd * 4, 4, q.s[r * nb + b]);
+      }
+  }
   return q;
 }
 
@@ -140,19 +167,6 @@ class BlockScales {
   float* ptr_;
 };
 
-// Accumulates block b's products into acc[r] for r < R (q4 codes; sum_blocks drives it).
-template <int R>
-inline void q4_block(__m256 (&acc)[R], int64_t b, const uint8_t* qs, const int8_t* const (&a)[R],
-                     const float* const (&ds)[R]) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + b * 16));
-  const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-    const __m256i ab = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[r] + b * QK));
-    acc[r] = _mm256_fmadd_ps(dot_u8_i8(w, ab), _mm256_broadcast_ss(ds[r] + b), acc[r]);
-  }
-}
-
 // Sums block(acc, b, a, ds) over one weight row's blocks for R rows of x, into two accumulator sets by block
 // parity (straight-line: an array indexed by b & 1 would live on the stack); dots[r] = the row's total. d: the
 // weight row's block scales, float32.
@@ -177,17 +191,55 @@ inline void sum_blocks(int64_t nb, const float* d, const QuantizedRows& q, int64
   for (int r = 0; r < R; ++r) dots[r] = hsum(_mm256_add_ps(even[r], odd[r]));
 }
 
-// One q4 weight row against R rows of x -> y[r * ldy] for r < R. d, m: the row's block parameters, float32.
-template <int R>
-inline void q4_row(int64_t nb, const uint8_t* qs, const float* d, const float* m, const QuantizedRows& q,
-                   int64_t r0, int64_t K, float* y, int64_t ldy) {
-  float dots[R];
-  sum_blocks<R>(nb, d, q, r0, K, dots,
-                [&](__m256 (&acc)[R], int64_t b, const int8_t* const (&a)[R], const float* const (&ds)[R]) {
-                  q4_block<R>(acc, b, qs, a, ds);
-                });
-  for (int r = 0; r < R; ++r)
-    y[r * ldy] = dots[r] + dot_f32(m, q.sum.data() + (r0 + r) * nb, nb);  // + the m * X_b terms
+// NR weight rows (qs rows ldq bytes apart; f: their float32 block parameters, d then m, per_row apart) against
+// R rows of x (from r0), one pair of blocks per step: a 32-byte load holds both blocks' nibbles, the low nibbles
+// (weights 0-15 of each block) meet a2's first 32 bytes, the high ones its second, so lanes 0-3 of the int32
+// sums belong to block 2p and lanes 4-7 to 2p + 1; they are scaled by d * s per half and summed into one float32
+// accumulator per (weight row, x row). y[i][r * ldy] = that accumulator's lane sum + the m * X_b terms.
+// Every output element's order of operations depends only on K: the same for any R, NR, M or thread count.
+template <int NR, int R>
+inline void q4_rows(int64_t nb, const uint8_t* qs, int64_t ldq, const float* f, int64_t per_row,
+                    const QuantizedRows& q, int64_t r0, float* y, int64_t ldy) {
+  const int64_t np = num_pairs(nb);
+  __m256 acc[NR][R];
+  for (int i = 0; i < NR; ++i)
+    for (int r = 0; r < R; ++r) acc[i][r] = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  const int8_t* a2 = q.a2.data() + r0 * np * 64;
+  const float* s2 = q.s2.data() + r0 * np * 8;
+  for (int64_t p = 0; p < np; ++p) {
+    const bool full = 2 * p + 1 < nb;
+    __m256i alo[R], ahi[R];
+    __m256 sv[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      alo[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a2 + (r * np + p) * 64));
+      ahi[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a2 + (r * np + p) * 64 + 32));
+      sv[r] = _mm256_loadu_ps(s2 + (r * np + p) * 8);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < NR; ++i) {
+      const uint8_t* w = qs + i * ldq + p * 32;
+      const __m256i raw = full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w))
+                               : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+      const __m256i lo = _mm256_and_si256(raw, low4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+      const float* d = f + i * per_row + 2 * p;
+      const __m128 d01 = full ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(d))) : _mm_load_ss(d);
+      const __m256 dv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d01), halves);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        // |lo * a| + |hi * a| per int16 lane <= 2 * (2 * 15 * 127): no saturation
+        const __m256i i16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, alo[r]), _mm256_maddubs_epi16(hi, ahi[r]));
+        const __m256 dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(i16, ones));
+        acc[i][r] = _mm256_fmadd_ps(dots, _mm256_mul_ps(dv, sv[r]), acc[i][r]);
+      }
+    }
+  }
+  for (int i = 0; i < NR; ++i)
+    for (int r = 0; r < R; ++r)
+      y[i + r * ldy] = hsum(acc[i][r]) + dot_f32(f + i * per_row + nb, q.sum.data() + (r0 + r) * nb, nb);
 }
 
 template <int R>
@@ -279,22 +331,65 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor
                   dm.size(1) == 2 && dm.size(2) == nb,
               "q4_linear: dm must be contiguous float16 [N, 2, K / 32]");
   auto xc = x.contiguous();
-  const QuantizedRows q = quantize_rows(xc.data_ptr<float>(), xc.size(0), K);
-  const uint8_t* qp = qs.data_ptr<uint8_t>();
-  return run_rows(xc, N, dm.data_ptr<at::Half>(), 2 * nb,
-                  [&](int64_t n, int64_t r0, int64_t R, float* y, const float* f) {  // f: d then m
-    const uint8_t* w = qp + n * (K / 2);
+  const int64_t M = xc.size(0), per_row = 2 * nb;
 #ifdef RADIXGEN_QGEMV_AVX2
-    switch (R) {
-      case 4: q4_row<4>(nb, w, f, f + nb, q, r0, K, y, N); break;
-      case 3: q4_row<3>(nb, w, f, f + nb, q, r0, K, y, N); break;
-      case 2: q4_row<2>(nb, w, f, f + nb, q, r0, K, y, N); break;
-      default: q4_row<1>(nb, w, f, f + nb, q, r0, K, y, N); break;
-    }
+  const QuantizedRows q = quantize_rows(xc.data_ptr<float>(), M, K, true);
 #else
-    for (int64_t r = 0; r < R; ++r) y[r * N] = q4_dot_scalar(nb, w, f, f + nb, q, r0 + r, K);
+  const QuantizedRows q = quantize_rows(xc.data_ptr<float>(), M, K);
 #endif
+  const uint8_t* qp = qs.data_ptr<uint8_t>();
+  const at::Half* params = dm.data_ptr<at::Half>();
+  auto y = at::empty({M, N}, xc.options());
+  if (M == 0 || N == 0) return y;
+  float* yp = y.data_ptr<float>();
+  constexpr int64_t CHUNK = 16;  // weight rows whose block parameters are converted together
+  at::parallel_for(0, N, CHUNK, [&](int64_t n0, int64_t n1) {
+    std::vector<float> f(CHUNK * per_row);
+    {  // this thread's first rows and block parameters: the loop's prefetches run PF_ROWS ahead of it
+      const char* w0 = reinterpret_cast<const char*>(qp + n0 * (K / 2));
+      const int64_t bytes = std::min<int64_t>(n1 - n0, PF_ROWS) * (K / 2);
+      for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(w0 + off);
+    }
+    for (int64_t c0 = n0; c0 < n1; c0 += CHUNK) {
+      const int64_t c1 = std::min(n1, c0 + CHUNK);
+      {  // the next chunk's block parameters
+        const char* pn = reinterpret_cast<const char*>(params + c1 * per_row);
+        const char* pe = reinterpret_cast<const char*>(params + n1 * per_row);
+        for (int64_t off = 0; off < CHUNK * per_row * 2 && pn + off < pe; off += 64) __builtin_prefetch(pn + off);
+      }
+      halfs_to_float(params + c0 * per_row, f.data(), (c1 - c0) * per_row);
+      for (int64_t r0 = 0; r0 < M; r0 += MAX_ROWS) {
+        const int64_t R = std::min<int64_t>(MAX_ROWS, M - r0);
+        for (int64_t n = c0; n < c1;) {
+          const float* fn = f.data() + (n - c0) * per_row;
+          const uint8_t* w = qp + n * (K / 2);
+          float* yn = yp + r0 * N + n;
+#ifdef RADIXGEN_QGEMV_AVX2
+          if (R == 1 && n + 4 <= c1) {  // one row of x: 4 weight rows per step
+            // rows PF_ROWS ahead: each call streams fresh rows (the hardware prefetcher restarts per call)
+            const char* ahead = reinterpret_cast<const char*>(w + PF_ROWS * (K / 2));
+            const char* end = reinterpret_cast<const char*>(qp + N * (K / 2));
+            for (int64_t off = 0; off < 4 * (K / 2) && ahead + off < end; off += 64)
+              __builtin_prefetch(ahead + off);
+            q4_rows<4, 1>(nb, w, K / 2, fn, per_row, q, r0, yn, N);
+            n += 4;
+            continue;
+          }
+          switch (R) {
+            case 4: q4_rows<1, 4>(nb, w, K / 2, fn, per_row, q, r0, yn, N); break;
+            case 3: q4_rows<1, 3>(nb, w, K / 2, fn, per_row, q, r0, yn, N); break;
+            case 2: q4_rows<1, 2>(nb, w, K / 2, fn, per_row, q, r0, yn, N); break;
+            default: q4_rows<1, 1>(nb, w, K / 2, fn, per_row, q, r0, yn, N); break;
+          }
+#else
+          for (int64_t r = 0; r < R; ++r) yn[r * N] = q4_dot_scalar(nb, w, fn, fn + nb, q, r0 + r, K);
+#endif
+          ++n;
+        }
+      }
+    }
   });
+  return y;
 }
 
 at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d) {
