@@ -32,13 +32,15 @@ WORKLOADS = ["single", "c8", "c32"]
 
 
 def radixgen(mode: str, port: int, gguf: str, dtype: str) -> HttpSystem:
-    """mode: a --quantization value, optionally with a --quantization-kernel after a colon ("auto:torch")."""
-    quantization, _, kernel = mode.partition(":")
+    """mode: a --quantization value, optionally with a --quantization-kernel after a colon ("auto:torch") and a
+    --kv-cache-dtype after a second one ("auto::float32": the default kernel, a float32 KV cache)."""
+    quantization, kernel, kv = (mode.split(":") + ["", ""])[:3]
     cmd = [sys.executable, "-m", "server", "serve", "--model-path", gguf, "--host", "127.0.0.1", "--port",
            str(port), "--served-model-name", MODEL_NAME, "--dtype", dtype, "--num-threads", "2",
-           "--quantization", quantization] + (["--quantization-kernel", kernel] if kernel else [])
+           "--quantization", quantization] + (["--quantization-kernel", kernel] if kernel else []) + (
+           ["--kv-cache-dtype", kv] if kv else [])
     env = {"OMP_NUM_THREADS": "2", "PYTHONPATH": ROOT}
-    name = f"radixgen-{quantization}" + (f"-{kernel}" if kernel else "")
+    name = f"radixgen-{quantization}" + (f"-{kernel}" if kernel else "") + (f"-kv{kv}" if kv else "")
     return HttpSystem(name, cmd=cmd, env=env, port=port, version_of=f"radixgen {dtype} {mode}")
 
 
@@ -110,6 +112,15 @@ def main() -> None:
             ratio = f" ({row[w] / ref[w]:.2f}x)" if ref and ref[w] else ""
             cells.append(f"{row[w]:.1f}{ratio}")
         print(f"| {name} | {row['weights_mb']} | " + " | ".join(cells) + " |")
+    if ref:  # rounds alternate systems, so round r's figures were taken minutes apart: ratios within a round
+        print("\nper-round ratios vs llama-server (median of the paired ratios):")
+        for name in table:
+            for w in workloads:
+                key = "decode_tok_s" if w == "single" else "out_tok_s"
+                pairs = [a.get(key, 0.0) / b[key] for a, b in zip(results[name][w], results["llama-server"][w],
+                                                                  strict=True) if b.get(key)]
+                if pairs and name != "llama-server":
+                    print(f"  {name} {w}: {', '.join(f'{x:.2f}' for x in pairs)} -> {statistics.median(pairs):.2f}x")
 
 
 if __name__ == "__main__":
