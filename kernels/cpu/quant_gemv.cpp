@@ -14,7 +14,7 @@
 // y += d * s * dot (+ m * X_b for q4) in float32: W times the rounded x. The rounding moves an element by at most
 // max|x_b| / 254 (a bfloat16 activation, what torch's CPU int4/int8 kernels take, by |x| / 256: finer for the
 // block's small elements; llama.cpp decodes with this int8 scheme). q4 works on pairs of blocks: one 32-byte load
-// holds both blocks' nibbles, and the activations are laid out to match (QuantizedRows::a2), so the int32 sums
+// holds both blocks' nibbles, and the activations are laid out to match (QuantizedRows, pair order), so the int32 sums
 // of block 2p land in lanes 0-3 and of 2p + 1 in lanes 4-7 of one vector. Each output element's order of
 // operations depends only on its own row and K, never on M or the thread count: results are batch-invariant.
 // Threads split N.
@@ -53,59 +53,48 @@ constexpr int64_t PF_ROWS = 32;
 // the sum of the rounded block (not of x: then y is exactly W times the rounded x, whose error is sum_j W_j e_j;
 // with x's own sum the offset m would meet unrounded activations and the q-part's error would not cancel).
 struct QuantizedRows {
+  // natural order: a [M, K]; pair order (q4, pairs = true): 64 bytes per pair of blocks (2p, 2p + 1) of a row,
+  // a[2p][0:16], a[2p+1][0:16], a[2p][16:32], a[2p+1][16:32] (a missing odd block: zeros), row r's pairs from
+  // r * npairs, and s2 [M, npairs, 8]: s[2p] in lanes 0-3, s[2p+1] in lanes 4-7 (0 for a missing block).
   std::vector<int8_t> a;
-  std::vector<float> s, sum;
-  // q4 only (pairs = true): a in pair order, 64 bytes per pair of blocks (2p, 2p + 1): a[2p][0:16],
-  // a[2p+1][0:16], a[2p][16:32], a[2p+1][16:32] (a missing odd block: zeros), and s2 [M, npairs, 8]:
-  // s[2p] in lanes 0-3, s[2p+1] in lanes 4-7 (0 for a missing block). Row r's pairs start at r * npairs.
-  std::vector<int8_t> a2;
-  std::vector<float> s2;
+  std::vector<float> s, sum, s2;
 };
 
 inline int64_t num_pairs(int64_t nb) { return (nb + 1) / 2; }
 
 QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K, bool pairs = false) {
-  const int64_t nb = K / QK;
-  QuantizedRows q{std::vector<int8_t>(M * K), std::vector<float>(M * nb), std::vector<float>(M * nb)};
+  const int64_t nb = K / QK, np = num_pairs(nb);
+  QuantizedRows q{std::vector<int8_t>(pairs ? M * np * 64 : M * K, int8_t{0}), std::vector<float>(M * nb),
+                  std::vector<float>(M * nb), std::vector<float>(pairs ? M * np * 8 : 0, 0.0f)};
   for (int64_t r = 0; r < M; ++r)
     for (int64_t b = 0; b < nb; ++b) {
       const float* xb = x + r * K + b * QK;
+      // where the block's codes 0-15 and 16-31 go
+      int8_t* lo = pairs ? q.a.data() + (r * np + b / 2) * 64 + (b % 2) * 16 : q.a.data() + r * K + b * QK;
+      int8_t* hi = lo + (pairs ? 32 : 16);
       float amax = 0.0f;
       bool finite = true;
       for (int i = 0; i < QK; ++i) {
         amax = std::max(amax, std::fabs(xb[i]));
         finite &= std::isfinite(xb[i]);
       }
-      int8_t* ab = q.a.data() + r * K + b * QK;
-      if (!finite) {  // a NaN or inf in the block: codes 0, scale NaN, so its outputs are NaN
-        std::fill(ab, ab + QK, int8_t{0});
-        q.s[r * nb + b] = q.sum[r * nb + b] = std::numeric_limits<float>::quiet_NaN();
-        continue;
+      float s = std::numeric_limits<float>::quiet_NaN();
+      if (!finite) {  // a NaN or inf in the block: codes 0 (as allocated), scale NaN, so its outputs are NaN
+        q.s[r * nb + b] = q.sum[r * nb + b] = s;
+      } else {
+        s = amax / 127.0f;
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int32_t sum = 0;
+        for (int i = 0; i < QK; ++i) {
+          const auto c = static_cast<int8_t>(std::nearbyint(xb[i] * inv));  // |.| <= 127
+          (i < 16 ? lo[i] : hi[i - 16]) = c;
+          sum += c;
+        }
+        q.s[r * nb + b] = s;
+        q.sum[r * nb + b] = s * static_cast<float>(sum);
       }
-      const float s = amax / 127.0f;
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      int32_t sum = 0;
-      for (int i = 0; i < QK; ++i) {
-        ab[i] = static_cast<int8_t>(std::nearbyint(xb[i] * inv));  // |.| <= 127
-        sum += ab[i];
-      }
-      q.s[r * nb + b] = s;
-      q.sum[r * nb + b] = s * static_cast<float>(sum);
+      if (pairs) std::fill_n(q.s2.data() + (r * np + b / 2) * 8 + (b % 2) * 4, 4, s);
     }
-  if (pairs) {  // the q4 pair layout (see QuantizedRows)
-    const int64_t np = num_pairs(nb);
-    q.a2.assign(M * np * 64, int8_t{0});
-    q.s2.assign(M * np * 8, 0.0f);
-    for (int64_t r = 0; r < M; ++r)
-      for (int64_t b = 0; b < nb; ++b) {
-        const int64_t p = b / 2, odd = b % 2;
-        const int8_t* src = q.a.data() + r * K + b * QK;
-        int8_t* dst = q.a2.data() + (r * np + p) * 64 + odd * 16;
-        std::copy(src, src + 16, dst);
-        std::copy(src + 16, src + 32, dst + 32);
-        std::fill_n(q.s2.data() + (r * np + p) * 8 + odd * 4, 4, q.s[r * nb + b]);
-      }
-  }
   return q;
 }
 
@@ -193,8 +182,8 @@ inline void sum_blocks(int64_t nb, const float* d, const QuantizedRows& q, int64
 
 // NR weight rows (qs rows ldq bytes apart; f: their float32 block parameters, d then m, per_row apart) against
 // R rows of x (from r0), one pair of blocks per step: a 32-byte load holds both blocks' nibbles, the low nibbles
-// (weights 0-15 of each block) meet a2's first 32 bytes, the high ones its second, so lanes 0-3 of the int32
-// sums belong to block 2p and lanes 4-7 to 2p + 1; they are scaled by d * s per half and summed into one float32
+// (weights 0-15 of each block) meet the pair's first 32 activation bytes, the high ones its second, so lanes
+// 0-3 of the int32 sums belong to block 2p and lanes 4-7 to 2p + 1; they are scaled by d * s per half and summed into one float32
 // accumulator per (weight row, x row). y[i][r * ldy] = that accumulator's lane sum + the m * X_b terms.
 // Every output element's order of operations depends only on K: the same for any R, NR, M or thread count.
 template <int NR, int R>
@@ -206,7 +195,7 @@ inline void q4_rows(int64_t nb, const uint8_t* qs, int64_t ldq, const float* f, 
     for (int r = 0; r < R; ++r) acc[i][r] = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   const __m256i halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-  const int8_t* a2 = q.a2.data() + r0 * np * 64;
+  const int8_t* a2 = q.a.data() + r0 * np * 64;  // pair order
   const float* s2 = q.s2.data() + r0 * np * 8;
   for (int64_t p = 0; p < np; ++p) {
     const bool full = 2 * p + 1 < nb;
