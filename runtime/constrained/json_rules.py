@@ -13,6 +13,8 @@ from typing import Any
 from runtime.constrained.errors import fail as _fail
 from runtime.constrained.json_any import bound_free_values, free_root
 from runtime.constrained.json_caps import VALIDATION_KEYWORDS, Caps, cap_lengths, plan
+from runtime.constrained.json_equiv import equivalent_forms
+from runtime.constrained.json_walk import SUBSCHEMA_LISTS, SUBSCHEMA_MAPS, SUBSCHEMA_ONE, subschemas
 
 
 def nesting_depth(x: Any, limit: int) -> int:
@@ -33,12 +35,6 @@ def nesting_depth(x: Any, limit: int) -> int:
 MAX_SAFE_INTEGER = 2**53 - 1  # I-JSON (RFC 7493): integers beyond this do not survive a JSON round trip
 
 ANNOTATIONS = frozenset({"$defs", "definitions"})  # containers of subschemas, checked when referenced
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
-_SUBSCHEMA_ONE = ("items", "additionalProperties", "contains", "not", "if", "then", "else", "propertyNames",
-                  "additionalItems", "unevaluatedItems", "unevaluatedProperties")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-
-
 MAX_SCHEMA_BYTES = 1 << 20  # llguidance / xgrammar bound their own work; this only bounds parsing
 MAX_SCHEMA_DEPTH = 128
 
@@ -68,23 +64,7 @@ def parse_schema(spec: str) -> dict | bool:
     if not isinstance(schema, dict):
         return schema
     draft = str(schema.get("$schema", ""))
-    return _normalize_draft(schema, any(f"draft-0{n}" in draft for n in (3, 4, 6, 7)))
-
-
-def subschemas(s: dict) -> list[Any]:
-    out: list[Any] = []
-    for k in _SUBSCHEMA_MAPS:
-        if isinstance(s.get(k), dict):
-            out.extend(s[k].values())
-    for k in _SUBSCHEMA_ONE:
-        v = s.get(k)
-        out.extend(v if isinstance(v, list) else [v])
-    for k in _SUBSCHEMA_LISTS:
-        if isinstance(s.get(k), list):
-            out.extend(s[k])
-    if isinstance(s.get("dependencies"), dict):
-        out.extend(v for v in s["dependencies"].values() if isinstance(v, dict))
-    return [x for x in out if isinstance(x, dict)]
+    return equivalent_forms(_normalize_draft(schema, any(f"draft-0{n}" in draft for n in (3, 4, 6, 7))))
 
 
 def _normalize_draft(s: dict, ref_overrides: bool) -> dict:
@@ -179,15 +159,15 @@ def check_keywords(schema: dict | bool, supported: frozenset[str], formats: froz
             if k == "format" and v not in formats:
                 _fail(f"unsupported JSON schema format {v!r} at {path} (the {backend} grammar backend cannot "
                       "enforce it)")
-        for k in _SUBSCHEMA_MAPS:
+        for k in SUBSCHEMA_MAPS:
             if isinstance(s.get(k), dict):
                 stack.extend((x, f"{path}/{k}/{n}") for n, x in s[k].items() if isinstance(x, dict))
-        for k in _SUBSCHEMA_ONE:
+        for k in SUBSCHEMA_ONE:
             if isinstance(s.get(k), dict):
                 stack.append((s[k], f"{path}/{k}"))
             elif isinstance(s.get(k), list):
                 stack.extend((x, f"{path}/{k}/{i}") for i, x in enumerate(s[k]) if isinstance(x, dict))
-        for k in _SUBSCHEMA_LISTS:
+        for k in SUBSCHEMA_LISTS:
             if isinstance(s.get(k), list):
                 stack.extend((x, f"{path}/{k}/{i}") for i, x in enumerate(s[k]) if isinstance(x, dict))
 

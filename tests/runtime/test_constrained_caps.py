@@ -117,8 +117,8 @@ def test_untyped_values_refs_and_combinations() -> None:
 def test_nothing_is_narrowed_under_not_if_one_of_or_contains() -> None:
     schema = {"$defs": {"shared": STR}, "type": "object", "properties": {
         "a": {"$ref": "#/$defs/shared"},
-        "b": {"oneOf": [{"$ref": "#/$defs/shared"}, {"type": "integer"}]},
-        "c": {"not": STR}, "d": {"if": STR, "then": {"type": "string"}},
+        "b": {"oneOf": [{"$ref": "#/$defs/shared"}, {"type": "string", "minLength": 2}]},  # not exclusive
+        "c": {"not": {**STR, "minLength": 3}}, "d": {"if": STR, "then": {"type": "string"}},
         "e": {"type": "array", "contains": STR}}}
     s = capped(schema)
     assert "maxLength" not in s["$defs"]["shared"]  # reached through a oneOf branch too
@@ -300,9 +300,11 @@ def test_free_values_stay_free_where_the_caps_are_off_or_a_partner_names_them() 
     assert s["$defs"]["x"] == {"$ref": ANY}  # a plain $ref is the whole of its value
     s = capped({"type": "array", "allOf": [{"items": {"type": "string"}}]})
     assert "items" not in s  # a partner's items
-    s = capped({"type": "object", "properties": {"n": {"not": {}}, "o": {"oneOf": [{}, STR]},
+    s = capped({"type": "object", "properties": {"n": {"not": {"anyOf": [{}, {"enum": [1]}]}},
+                                                 "o": {"oneOf": [{}, {**STR, "minLength": 2}]},
                                                  "c": {"type": "array", "contains": {}}}})["properties"]
-    assert s["n"]["not"] == {} and s["o"]["oneOf"][0] == {} and s["c"]["contains"] == {} and "items" not in s["c"]
+    assert s["n"]["not"]["anyOf"][0] == {} and s["o"]["oneOf"][0] == {} and s["c"]["contains"] == {}
+    assert "items" not in s["c"]
     s = capped({"type": "object", "unevaluatedProperties": False, "properties": {"a": STR}})
     assert "additionalProperties" not in s  # would admit the keys unevaluatedProperties refuses
 

@@ -32,12 +32,17 @@ DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "jsonsch
 SAMPLE = {"llguidance": 475, "xgrammar": 120, "outlines": 40}
 # (case id) -> why its valid document is rejected: stricter-than-spec behaviour that can only refuse, never
 # produce an invalid output.
+ORDER = "the backend emits an object's listed properties in the schema's order; this document lists them in another"
 VALID_REJECTED_OK = {
     "llguidance": {
         "Github_hard/o13693.json": "a pattern using \\d: llguidance reads JSON-schema regexes as ECMA-262 (ASCII)",
+        # compiled since oneOf/dependencies/not/format are rewritten to equal forms (json_equiv.py)
+        **dict.fromkeys(("Github_medium/o32662.json", "Github_hard/o29388.json", "Github_hard/o80248.json",
+                         "Github_ultra/o21840.json", "MCPspec/ServerRequest.json"), ORDER),
     },
     "xgrammar": {
         "Github_ultra/o58767.json": "xgrammar rejects a valid document of this schema (stricter than the spec)",
+        "Github_medium/o32662.json": ORDER,  # compiled since its custom format is an annotation (json_equiv.py)
     },
     "outlines": {
         "Github_medium/o90951.json": "a valid RFC 3339 date-time the outlines regex translation rejects (measured)",
@@ -128,4 +133,4 @@ def test_maskbench_valid_accepted_invalid_rejected(name: str, tok) -> None:  # n
     unexplained = [c for c in t.valid_rejected if c.split("#")[0] not in VALID_REJECTED_OK[name]]
     assert not unexplained, unexplained
     if name == "llguidance":
-        assert t.compiled >= 390  # measured 395/475 (bench/results/constrained.md)
+        assert t.compiled >= 420  # measured 425/475 (395 before json_equiv's rewrites; bench/results/constrained.md)
