@@ -5,8 +5,9 @@
 (2) Mask time per token at batch 1 and 32: grammars advanced along the valid MaskBench documents, one
     `apply_grammar_masks` per step over [B, V] logits (the scheduler's call).
 (3) End to end on SmolLM2 through a real server (`/v1/chat/completions`, response_format json_schema, default
-    flags but --grammar-backend): share of requests that return a valid document, share refused (400), and
-    200-and-invalid ("broken") split into cut by max_tokens and wrong.
+    flags but --grammar-backend): share of requests that return a valid document (and how many of those the
+    closing window ended, finish_reason length), share refused (400), and 200-and-invalid ("broken") split into
+    cut by max_tokens and wrong; and how many of the schemas the llguidance library compiles by itself.
 (4) 32 concurrent constrained vs unconstrained requests of the same output lengths on the JSON workload:
     throughput ratio, alternating rounds; the figure is the median of the per-round paired ratios (a round's
     two kinds run back to back, so a VM that slows down between rounds moves both).
@@ -149,6 +150,8 @@ def end_to_end(url: str, entries: list[dict], max_tokens: int, temperature: floa
                             enumerate(entries)))
         wall = time.perf_counter() - t
     out = {k: sum(r["outcome"] == k for r in res) for k in ("valid", "refused", "cut", "invalid")}
+    # valid answers the closing window ended (--json-close-reserve, runtime/constrained/closing.py)
+    out["closed"] = sum(r["outcome"] == "valid" and r["finish"] == "length" for r in res)
     for r, e in zip(res, entries, strict=True):
         r["id"] = e["id"]
     out.update(n=len(entries), wall=wall, broken=[r for r in res if r["outcome"] == "invalid"][:5],
@@ -266,7 +269,7 @@ def run(tok, port: int, e2e_n: int, max_tokens: int, temperature: float, backend
         try:
             r = end_to_end(srv.url, e2e, max_tokens, temperature)
             e2e_rows.append((name, r, sum(1 for e in e2e if e["id"] in c["grammars"])))
-            print(name, {k: r[k] for k in ("valid", "refused", "cut", "invalid", "wall")}, flush=True)
+            print(name, {k: r[k] for k in ("valid", "closed", "refused", "cut", "invalid", "wall")}, flush=True)
             if dump:
                 with open(f"{dump}.{name}.json", "w") as f:
                     json.dump(r["results"], f, indent=1)
@@ -279,13 +282,14 @@ def run(tok, port: int, e2e_n: int, max_tokens: int, temperature: float, backend
         flags = f", server flags `{' '.join(server_flags)}`" if server_flags else ""
         lines += [f"End to end: {len(e2e)} schemas (seeded sample), `/v1/chat/completions` with response_format "
                   f"json_schema, max_tokens {max_tokens}, temperature {temperature}, 32 in flight{flags}:", "",
-                  "| backend | valid 200 | refused 400 | cut by max_tokens | 200 and invalid | compiled (same schemas) "
-                  "| llguidance alone compiles |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
+                  "| backend | valid 200 | of which closed by the budget | refused 400 | cut by max_tokens "
+                  "| 200 and invalid | compiled (same schemas) | llguidance alone compiles |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         alone = len(llguidance_alone(e2e))
         for name, r, comp in e2e_rows:
             n = r["n"]
-            lines.append(f"| {name} | {r['valid']}/{n} ({r['valid'] / n:.0%}) | {r['refused']} | {r['cut']} | "
+            lines.append(f"| {name} | {r['valid']}/{n} ({r['valid'] / n:.0%}) | {r['closed']} | {r['refused']} | "
+                         f"{r['cut']} | "
                          f"**{r['invalid']}** | {comp}/{n} ({comp / n:.0%}) | {alone}/{n} ({alone / n:.0%}) |")
         lines.append("")
         for name, r, _ in e2e_rows:

@@ -171,6 +171,11 @@ class GrammarConfig:
     many keys (never below its minProperties or its listed keys; llguidance
     backend: xgrammar does not enforce maxProperties; 0: no cap), so a model cannot add keys for the whole token
     budget; larger legitimate maps are cut short, validly."""
+    json_close_reserve: int = 128
+    """In the last min(this, max_tokens / 4) tokens of its budget, a JSON-schema request samples only among the
+    tokens that close what is open (`"`, `]`, `}`) wherever its grammar allows one, so it ends as a valid
+    document instead of being cut mid-value; such an answer reports finish_reason `length`
+    (runtime/constrained/closing.py). 0: off (the answer is cut at max_tokens, as in vLLM and SGLang)."""
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ class Detokenizer:
         st = self._states.pop(out.rid, None) or DecodeState()
         new_ids = out.new_ids
         fr = out.finish_reason
-        if (fr is not None and not out.no_stop_trim and new_ids and fr.get("type") == "stop"
+        if (fr is not None and not out.no_stop_trim and new_ids and fr.get("type") in ("stop", "length")
                 and isinstance(fr.get("matched"), int) and new_ids[-1] == fr["matched"]):
             new_ids = new_ids[:-1]  # a matched stop token is not part of the text
         st.ids.extend(new_ids)

@@ -82,6 +82,7 @@ class Req:
         # Constrained decoding seam: `grammar` has fill_mask(mask_row), accept_token(id), is_terminated(), copy().
         self.grammar: Any = None
         self.grammar_future: Any = None
+        self.budget_closed = False  # the closing window narrowed its choices (runtime/constrained/closing.py)
         self.grammar_wait_since = 0.0
         self.jump_tokens = 0  # tokens the last jump-forward appended (computed next step as an extend row)
         # Speculative decoding: this step's proposed tokens (empty outside a verify step), the distributions

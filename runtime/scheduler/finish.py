@@ -2,7 +2,9 @@
 
 length (`len(output_ids) >= max_new_tokens`) -> grammar terminated -> EOS / stop_token_ids (unless
 ignore_eos) -> stop strings and stop regexes on the decoded output tail. Nothing but length ends a request
-before `min_new_tokens` (the sampler also masks stop ids until then).
+before `min_new_tokens` (the sampler also masks stop ids until then). A JSON answer whose last tokens the
+closing window narrowed (`req.budget_closed`, runtime/constrained/closing.py) finishes `length` when its grammar
+ends: the budget, not the model, ended it.
 
 Stop strings are matched on the decoded text of the last few output tokens (`tail_tokens`): a stop string
 of c characters spans at most c + 1 tokens (a token decodes to at least one character, a partial UTF-8 one
@@ -36,6 +38,9 @@ def check_finished(req: Req, eos_ids: frozenset[int], decode_fn) -> None:
         # Ended on EOS: a matched stop token (the detokenizer trims it). Ended because the grammar admits no
         # continuation: the last token is content, so nothing is "matched" and it stays in the text.
         req.finish_reason = finish_stop(last) if last in eos_ids else {"type": "stop", "matched": None}
+        if req.budget_closed:  # the budget, not the model, ended the document: report it (constrained/closing.py);
+            # an ending EOS stays "matched" so the detokenizer still trims it
+            req.finish_reason = finish_length(p.max_new_tokens) | ({"matched": last} if last in eos_ids else {})
         return
     if n < p.min_new_tokens:
         return

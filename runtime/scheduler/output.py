@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 import torch
 
+from runtime.constrained.closing import Closers, in_string, window
 from runtime.constrained.grammar import apply_grammar_masks, plan_jump_forward
 from runtime.executor.staging import to_device
 from runtime.sampling import SamplingInfo, compute_logprobs, sample, top_logprobs
@@ -60,8 +61,10 @@ class ResultProcessor:
     def __init__(self, kv: KVManager, vocab_size: int, eos_ids: frozenset[int], decode_fn, default_seed: int,
                  jump_encode: Callable[[str], list[int]] | None = None,
                  token_bytes: Callable[[int], bytes] | None = None, fault_rid: str | None = None,
-                 fault_at: int = 1, spec: Speculator | None = None):
+                 fault_at: int = 1, spec: Speculator | None = None, close_reserve: int = 0):
         self.kv = kv
+        self.close_reserve = close_reserve  # JSON requests close in their last tokens (constrained/closing.py)
+        self._closers: Closers | None = None  # built on first use (one pass over the vocabulary)
         self.spec = spec  # verifies speculative rows (runtime/scheduler/speculative.py); None: speculation off
         self.fault_rid = fault_rid  # testing-only failpoint (RADIXGEN_FAULT_INJECT_RID); None: off
         self.fault_at = fault_at
@@ -151,6 +154,7 @@ class ResultProcessor:
         if any(g is not None for g in grammars):
             logits = logits.clone()  # the mask goes in place; the forward's output is an inference tensor
             apply_grammar_masks(logits, grammars)
+            self._close(reqs, logits)
         next_ids = sample(logits, info).next_ids.tolist()
         for b, (req, tok) in enumerate(zip(reqs, next_ids, strict=True)):
             try:
@@ -159,6 +163,22 @@ class ResultProcessor:
                 log.exception("internal error while processing request %s", req.rid)
                 why = f"internal error while processing request: {type(e).__name__}: {e}"
                 req.finish_reason = finish_abort(why)
+
+    def _close(self, reqs: list[Req], logits: torch.Tensor) -> None:
+        """Rows of JSON requests in the last tokens of their budget keep only closing tokens where their grammar
+        allows one (runtime/constrained/closing.py); a request whose choices that narrowed is `budget_closed`."""
+        if not self.close_reserve or self.token_bytes is None:
+            return
+        rows = [b for b, r in enumerate(reqs) if r.grammar is not None and r.sampling_params.json_schema is not None
+                and r.remaining_new_tokens <= window(r.max_new_tokens, self.close_reserve)]
+        if not rows:
+            return
+        if self._closers is None:
+            self._closers = Closers(logits.shape[1], self.token_bytes)
+        tb = self.token_bytes
+        inside = [in_string(b"".join(tb(t) for t in reqs[b].output_ids)) for b in rows]
+        for b, narrowed in zip(rows, self._closers.restrict(logits, rows, inside), strict=True):
+            reqs[b].budget_closed |= narrowed
 
     def _accept(self, req: Req, tok: int, lp_row: torch.Tensor | None, jump: bool = True) -> None:
         """Append the sampled `tok` to `req` (with its logprobs from `lp_row` [V]), advance its grammar, check

@@ -106,7 +106,8 @@ class Scheduler:
         self.processor = ResultProcessor(self.kv, runner.vocab_size, frozenset(eos_ids), decode_fn,
                                          cfg.model.random_seed, jump_encode=jump,
                                          token_bytes=token_bytes_fn, fault_rid=env.fault_inject_rid,
-                                         fault_at=env.fault_inject_at_token, spec=self.spec)
+                                         fault_at=env.fault_inject_at_token, spec=self.spec,
+                                         close_reserve=cfg.grammar.json_close_reserve)
         self.policy = cfg.scheduler.schedule_policy
         self.mixed = not cfg.scheduler.disable_mixed_steps
         self.grammar_queue: list[Req] = []

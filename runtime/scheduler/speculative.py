@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from runtime.config import Config, SpeculativeConfig
+from runtime.constrained.closing import window
 from runtime.constrained.grammar import unpack_bitmask
 from runtime.executor.staging import to_device
 from runtime.sampling import SamplingInfo, compute_logprobs, greedy_ids, process_logits, target_probs
@@ -62,13 +63,14 @@ def create_speculator(cfg: Config, kv: KVManager, eos_ids: frozenset[int], vocab
     """The Speculator with the configured proposer (draft: over `draft_runner`, its own pool and table)."""
     sp = cfg.speculative
     if (sp.speculative_algorithm or "").lower() != "draft":
-        return Speculator(sp, kv, eos_ids, vocab_size, NgramProposer(sp))
+        return Speculator(sp, kv, eos_ids, vocab_size, NgramProposer(sp), cfg.grammar.json_close_reserve)
     if draft_runner is None:
         raise ValueError("--speculative-algorithm draft: no draft model runner was given to the scheduler")
     if draft_runner.vocab_size != vocab_size:
         raise ValueError(f"the draft model's vocabulary ({draft_runner.vocab_size}) differs from the model's "
                          f"({vocab_size})")
-    return Speculator(sp, kv, eos_ids, vocab_size, DraftProposer(draft_runner, eos_ids, cfg.model.random_seed))
+    return Speculator(sp, kv, eos_ids, vocab_size, DraftProposer(draft_runner, eos_ids, cfg.model.random_seed),
+                      cfg.grammar.json_close_reserve)
 
 
 PAUSE_AVG_WEIGHT = 0.5  # weight of the newest verify step in Req.spec_accept_avg
@@ -96,8 +98,9 @@ class Speculator:
     """Proposes drafts for decode rows and verifies them after the forward; counts what it did."""
 
     def __init__(self, cfg: SpeculativeConfig, kv: KVManager, eos_ids: frozenset[int], vocab_size: int,
-                 proposer: Proposer | None = None) -> None:
+                 proposer: Proposer | None = None, close_reserve: int = 0) -> None:
         self.k = cfg.speculative_num_draft_tokens
+        self.close_reserve = close_reserve  # --json-close-reserve: JSON requests' closing window is not drafted
         self.min_accept = cfg.speculative_min_accept
         self.pause_steps = cfg.speculative_pause_steps
         self.proposer: Proposer = proposer if proposer is not None else NgramProposer(cfg)
@@ -150,6 +153,9 @@ class Speculator:
             return 0
         if req.grammar is not None and not hasattr(req.grammar, "rollback"):
             return 0  # a grammar without rollback cannot check proposals
+        if req.grammar is not None and req.sampling_params.json_schema is not None and (
+                req.remaining_new_tokens - self.k <= window(req.max_new_tokens, self.close_reserve)):
+            return 0  # its last tokens are sampled one by one in the closing window (constrained/closing.py)
         return min(self.k, req.remaining_new_tokens)
 
     def _cut(self, req: Req, prop: Proposal) -> tuple[list[int], torch.Tensor | None]:

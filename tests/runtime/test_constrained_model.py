@@ -88,7 +88,8 @@ def test_thirty_schemas_on_the_model_validate(smollm_runner, tok, backend) -> No
     checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
     for i, schema in enumerate(SCHEMAS):
         ids, fin = res[f"s{i}"]
-        assert fin["type"] == "stop", (i, fin, text(tok, ids))
+        # "length": the closing window ended it (runtime/constrained/closing.py), still a valid document
+        assert fin["type"] in ("stop", "length"), (i, fin, text(tok, ids))
         jsonschema.validate(json.loads(text(tok, ids)), schema, format_checker=checker)
     assert sched.stats["jump_forward_tokens"] > 0
 
@@ -181,3 +182,39 @@ def test_runaway_compile_aborts_while_others_stream(smollm_runner, tok) -> None:
     assert res["slow"][1]["type"] == "abort" and "timed out" in res["slow"][1]["message"], res["slow"]
     assert res["ok"][1]["type"] == "length" and len(res["ok"][0]) == 6
     assert elapsed < 30
+
+
+STORY = {"type": "object", "properties": {"story": {"type": "string"}, "tags": {"type": "array", "items": {
+    "type": "string"}}}, "required": ["story", "tags"]}
+
+
+def test_json_answer_closes_within_its_budget(smollm_runner, tok, backend) -> None:
+    """A model pushed to run on inside a string (logit bias on "a") ends its JSON validly in the closing window
+    (runtime/constrained/closing.py), finish_reason `length`; with the window off it is cut mid-string. Other
+    rows of the batch (a regex request in its last tokens, an unconstrained one) are not touched."""
+    a = tok.encode("a", add_special_tokens=False, allow_special=False)
+    assert len(a) == 1
+    sp = SamplingParams(max_new_tokens=48, temperature=0.0, json_schema=json.dumps(STORY),
+                        logit_bias={str(a[0]): 30.0})
+    reqs = {"json": ("Tell a long story in JSON.", sp),
+            "rx": ("Letters.", SamplingParams(max_new_tokens=12, temperature=0.0, regex="[a-z]{1,40}",
+                                              logit_bias={str(a[0]): 30.0})),
+            "plain": ("Name a fruit.", SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True))}
+    on, _ = run(smollm_runner, tok, backend, reqs)
+    off, _ = run(smollm_runner, tok, backend, reqs, json_close_reserve=0)
+    ids, fin = on["json"]
+    doc = json.loads(text(tok, ids))
+    jsonschema.validate(doc, STORY)
+    assert fin["type"] == "length" and len(ids) <= 48 and doc["story"].startswith("aaaa"), (fin, doc)
+    ids, fin = off["json"]
+    assert fin["type"] == "length" and len(ids) == 48
+    with pytest.raises(ValueError):
+        json.loads(text(tok, ids))
+    assert on["rx"] == off["rx"] and on["plain"] == off["plain"]
+    # the window is the last min(reserve, max_tokens / 4) tokens: an answer ending before it is untouched
+    short = {"json": ("Tell a long story in JSON.", SamplingParams(max_new_tokens=400, temperature=0.0,
+                                                                   json_schema=json.dumps(STORY)))}
+    a1, _ = run(smollm_runner, tok, backend, short)
+    a0, _ = run(smollm_runner, tok, backend, short, json_close_reserve=0)
+    if len(a0["json"][0]) < 300:
+        assert a1 == a0

@@ -1,0 +1,79 @@
+"""JSON answers that close within their token budget.
+
+A JSON-schema constrained answer cut by `max_tokens` is not a document at all. In the last tokens of its budget
+(`window`: at most `--json-close-reserve`, at most a quarter of max_tokens) a JSON request samples only among the
+tokens that close what is open, wherever its grammar allows one. Inside a string (`in_string`, a scan of the
+answer's bytes): tokens that end it, `"` followed only by `]`/`}` first, then `"` alone. Outside: tokens of `]`/`}`
+only (end an array or object), else tokens of `"` only (`""`: an empty string where a string value must come).
+Where the grammar allows none of them (a required key, a digit a pattern needs) the model chooses as usual under
+the grammar. The answer still validates (the grammar mask stays), it is shorter than the model would have
+written, and its finish_reason is `length`: the budget ended it (runtime/scheduler/finish.py). A request whose
+choices this never narrowed finishes as before.
+
+Data flow: ResultProcessor._sample -> apply_grammar_masks (disallowed logits -inf) -> `Closers.restrict` on the
+rows in their window ([B, V] logits, in place) -> sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+QUOTE, ENDS = ord('"'), frozenset(b"]}")
+
+
+def window(max_new_tokens: int, reserve: int) -> int:
+    """How many final tokens of a `max_new_tokens` budget close the document (0: never)."""
+    return min(reserve, max_new_tokens // 4)
+
+
+def in_string(text: bytes) -> bool:
+    """Whether JSON text ends inside a string (escapes followed)."""
+    inside = escaped = False
+    for b in text:
+        if escaped:
+            escaped = False
+        elif inside and b == 0x5C:  # backslash
+            escaped = True
+        elif b == QUOTE:
+            inside = not inside
+    return inside
+
+
+class Closers:
+    """Token classes of the vocabulary (special ids in none): `ends` ]/} only; `quotes` " only; `quote_ends` one
+    " then ]/} only."""
+
+    def __init__(self, vocab_size: int, token_bytes: Callable[[int], bytes], special_ids: Iterable[int] = ()):
+        special = set(special_ids)
+        self.ends, self.quotes, self.quote_ends = (torch.zeros(vocab_size, dtype=torch.bool) for _ in range(3))
+        for i in range(vocab_size):
+            b = token_bytes(i) if i not in special else b""
+            if not b:
+                continue
+            if set(b) <= ENDS:
+                self.ends[i] = True
+            elif set(b) == {QUOTE}:
+                self.quotes[i] = True
+            elif b[0] == QUOTE and set(b[1:]) <= ENDS:
+                self.quote_ends[i] = True
+
+    def restrict(self, logits: torch.Tensor, rows: list[int], inside: list[bool]) -> list[bool]:
+        """In place on logits [B, V] (grammar mask applied: disallowed = -inf), for each of `rows` (`inside`: it
+        ends inside a string): keep only its allowed tokens of the first class it has, in the order of the
+        module docstring. Returns, per row, whether that removed an allowed token."""
+        idx = torch.tensor(rows, device=logits.device)
+        sub = logits[idx]
+        allowed = sub > float("-inf")
+        dev = logits.device
+        ends, quotes, quote_ends = self.ends.to(dev), self.quotes.to(dev), self.quote_ends.to(dev)
+        keep = allowed.clone()
+        for r, ins in enumerate(inside):
+            for cls in ((quote_ends, quotes) if ins else (ends, quotes)):
+                k = allowed[r] & cls
+                if k.any():
+                    keep[r] = k
+                    break
+        logits[idx] = sub.masked_fill(~keep, float("-inf"))
+        return (allowed & ~keep).any(dim=1).tolist()
