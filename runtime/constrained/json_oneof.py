@@ -220,12 +220,10 @@ def exclusive_branches(root: dict, node: dict) -> list[Any] | None:
             continue
         if not all(p.apart_on(branches[i], branches[j], t, 0) for i in takers for j in takers if i < j):
             return None
-    out = []
+    out: list[Any] = []
     for b, a, kept in zip(branches, accs, keep, strict=True):
         if kept == {t for t in TYPES if a[t] != NONE}:
             out.append(b)
-        elif not kept:
-            out.append(False)
-        else:
+        elif kept:
             out.append({"allOf": [b], "type": [t for t in TYPES if t in kept]})
-    return out
+    return out or [False]  # a branch left no type adds nothing to anyOf
