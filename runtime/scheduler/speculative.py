@@ -153,7 +153,7 @@ class Speculator:
             return 0
         if req.grammar is not None and not hasattr(req.grammar, "rollback"):
             return 0  # a grammar without rollback cannot check proposals
-        if req.grammar is not None and req.sampling_params.json_schema is not None and (
+        if self.close_reserve and req.grammar is not None and req.sampling_params.json_schema is not None and (
                 req.remaining_new_tokens - self.k <= window(req.max_new_tokens, self.close_reserve)):
             return 0  # its last tokens are sampled one by one in the closing window (constrained/closing.py)
         return min(self.k, req.remaining_new_tokens)

@@ -240,3 +240,32 @@ def test_pause_settings_are_validated_and_reach_the_cli():
     assert (sp.speculative_min_accept, sp.speculative_pause_steps) == (0.5, 4)
     helps = {a.dest: a.help for a in parser._subparsers._group_actions[0].choices["serve"]._actions}
     assert "moving average" in helps["speculative_min_accept"] and "8x" in helps["speculative_pause_steps"]
+
+
+def test_a_json_requests_closing_window_is_not_drafted():
+    """The closing window (runtime/constrained/closing.py) samples token by token: a JSON request whose next
+    verify step could reach its last min(reserve, max_new_tokens / 4) tokens gets no proposals; with the window
+    off, or without a JSON schema, the budget is as before."""
+    from types import SimpleNamespace
+
+    from runtime.config import SpeculativeConfig
+    from runtime.sampling.params import SamplingParams
+    from runtime.scheduler.core import Req
+    from runtime.scheduler.speculative import Speculator
+
+    cfg = SpeculativeConfig(speculative_algorithm="ngram", speculative_num_draft_tokens=4)
+    kv = SimpleNamespace(on_release=[])
+    on, off = (Speculator(cfg, kv, frozenset(), V, close_reserve=r) for r in (128, 0))  # type: ignore[arg-type]
+
+    def req(out: int, **kw) -> Req:
+        r = Req("r", [1], SamplingParams(max_new_tokens=100, **kw))
+        r.grammar = SimpleNamespace(rollback=lambda n: None)  # a grammar that can check proposals
+        r.output_ids = [5] * out
+        return r
+
+    js = {"json_schema": '{"type": "object"}'}
+    # max_new_tokens 100: the window is the last 25 tokens; a 4-token verify step from 30 left could reach it
+    assert on._budget(req(60, **js)) == 4 and on._budget(req(70, **js)) == 4
+    assert on._budget(req(71, **js)) == 0 and on._budget(req(90, **js)) == 0
+    assert off._budget(req(90, **js)) == 4 and off._budget(req(97, **js)) == 3
+    assert on._budget(req(90, regex="[a-z]+")) == 4
