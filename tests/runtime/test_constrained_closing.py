@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from runtime.constrained.closing import Closers, in_string, window
@@ -31,6 +33,27 @@ def test_in_string() -> None:
     assert not in_string(b"") and not in_string(b'{"a":"b"') and not in_string(b'{"a":1')
     assert in_string(b'{"a":"b') and in_string(b'{"a') and in_string(b'{"a":"x\\"y') and in_string(b'{"a":"x\\\\\\"')
     assert not in_string(b'{"a":"x\\\\"') and in_string(b'{"a":"}]')
+
+
+def test_in_string_on_every_prefix_of_json_documents() -> None:
+    """Against a byte-by-byte scanner over every prefix of documents with escapes in keys and values."""
+
+    def scan(text: bytes) -> bool:
+        inside = escaped = False
+        for b in text:
+            if escaped:
+                escaped = False
+            elif inside and b == 0x5C:
+                escaped = True
+            elif b == 0x22:
+                inside = not inside
+        return inside
+
+    docs = [{"a\\\"b": ["x\\", "\"q\"", "\\\\\"", 1.5, None, {"\u00e9": "tab\there"}]}, ["", "\"", "\\"], "é\n"]
+    for doc in docs:
+        for ascii_only in (True, False):
+            text = json.dumps(doc, ensure_ascii=ascii_only).encode()
+            assert all(in_string(text[:i]) == scan(text[:i]) for i in range(len(text) + 1)), text
 
 
 def test_restrict_by_class_in_order() -> None:
