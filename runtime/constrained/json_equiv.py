@@ -108,8 +108,7 @@ def _dependencies(s: dict) -> list[dict]:
     for key, into in (("dependentRequired", required), ("dependentSchemas", schemas)):
         if isinstance(s.get(key), dict):
             for k, v in s[key].items():
-                into.setdefault(k, v)  # both in one schema: rare; a key in both keeps the first
-                if into[k] is not v:
+                if into.setdefault(k, v) is not v:  # a key both spellings name: left to the backend (a 400)
                     return []
     if not all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in required.values()) or not all(
             isinstance(v, (bool, dict)) for v in schemas.values()):
@@ -142,27 +141,17 @@ def _local(s: dict) -> None:
             del s["format"]
 
 
-def _walk(root: dict) -> list[dict]:
-    out, stack, seen = [], [root], set()
-    while stack:
-        s = stack.pop()
-        if id(s) not in seen:
-            seen.add(id(s))
-            out.append(s)
-            stack.extend(subschemas(s))
-    return out
-
-
 def equivalent_forms(root: dict) -> dict:
     """`root` (a parsed, draft-normalized schema) rewritten in place as described above."""
-    stack, seen = [root], set()
+    stack, seen, nodes = [root], set(), []
     while stack:  # the local rewrites, then the subschemas they leave (new allOf entries included)
         s = stack.pop()
         if id(s) not in seen:
             seen.add(id(s))
             _local(s)
+            nodes.append(s)
             stack.extend(subschemas(s))
-    for s in _walk(root):
+    for s in nodes:
         if isinstance(s.get("oneOf"), list) and s["oneOf"]:
             branches = exclusive_branches(root, s)
             if branches is not None:
