@@ -17,7 +17,7 @@ rows in their window ([B, V] logits, in place) -> sample.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import torch
 
@@ -40,14 +40,13 @@ def in_string(text: bytes) -> bool:
 
 
 class Closers:
-    """Token classes of the vocabulary (special ids in none): `ends` ]/} only; `quotes` " only; `quote_ends` one
-    " then ]/} only."""
+    """Token classes of the vocabulary: `ends` ]/} only; `quotes` " only; `quote_ends` one " then ]/} only
+    (special tokens' texts fall in none)."""
 
-    def __init__(self, vocab_size: int, token_bytes: Callable[[int], bytes], special_ids: Iterable[int] = ()):
-        special = set(special_ids)
+    def __init__(self, vocab_size: int, token_bytes: Callable[[int], bytes]):
         self.ends, self.quotes, self.quote_ends = (torch.zeros(vocab_size, dtype=torch.bool) for _ in range(3))
         for i in range(vocab_size):
-            b = token_bytes(i) if i not in special else b""
+            b = token_bytes(i)
             if not b:
                 continue
             if set(b) <= ENDS:
@@ -61,17 +60,14 @@ class Closers:
         """In place on logits [B, V] (grammar mask applied: disallowed = -inf), for each of `rows` (`inside`: it
         ends inside a string): keep only its allowed tokens of the first class it has, in the order of the
         module docstring. Returns, per row, whether that removed an allowed token."""
-        idx = torch.tensor(rows, device=logits.device)
-        sub = logits[idx]
-        allowed = sub > float("-inf")
         dev = logits.device
-        ends, quotes, quote_ends = self.ends.to(dev), self.quotes.to(dev), self.quote_ends.to(dev)
-        keep = allowed.clone()
-        for r, ins in enumerate(inside):
-            for cls in ((quote_ends, quotes) if ins else (ends, quotes)):
-                k = allowed[r] & cls
-                if k.any():
-                    keep[r] = k
-                    break
+        idx = torch.tensor(rows, device=dev)
+        sub = logits[idx]
+        allowed = sub > float("-inf")  # [R, V]
+        ins = torch.tensor(inside, device=dev)[:, None]
+        first = allowed & torch.where(ins, self.quote_ends.to(dev), self.ends.to(dev))
+        second = allowed & self.quotes.to(dev)
+        keep = torch.where(first.any(1, keepdim=True), first,
+                           torch.where(second.any(1, keepdim=True), second, allowed))
         logits[idx] = sub.masked_fill(~keep, float("-inf"))
         return (allowed & ~keep).any(dim=1).tolist()

@@ -14,7 +14,7 @@ NEG = float("-inf")
 
 
 def closers() -> Closers:
-    return Closers(len(VOCAB), lambda i: VOCAB[i], special_ids=[9])
+    return Closers(len(VOCAB), lambda i: VOCAB[i])
 
 
 def allowed(row: torch.Tensor) -> list[bytes]:
