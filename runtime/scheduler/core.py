@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from runtime.constrained.closing import window
 from runtime.executor.forward_batch import ForwardBatch
 from runtime.sampling.params import SamplingParams
 
@@ -145,6 +146,12 @@ class Req:
     def remaining_new_tokens(self) -> int:
         """Output tokens it may still produce (retraction keeps what it already produced)."""
         return max(self.max_new_tokens - len(self.output_ids), 0)
+
+    def closes_within(self, reserve: int, ahead: int = 0) -> bool:
+        """A JSON-schema request whose token after the next `ahead` falls in its closing window
+        (`--json-close-reserve`, runtime/constrained/closing.py)."""
+        return bool(reserve) and self.grammar is not None and self.sampling_params.json_schema is not None and (
+            self.remaining_new_tokens - ahead <= window(self.max_new_tokens, reserve))
 
     @property
     def wants_input_logprobs(self) -> bool:

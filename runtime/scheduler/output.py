@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import torch
 
-from runtime.constrained.closing import Closers, in_string, window
+from runtime.constrained.closing import Closers, in_string
 from runtime.constrained.grammar import apply_grammar_masks, plan_jump_forward
 from runtime.executor.staging import to_device
 from runtime.sampling import SamplingInfo, compute_logprobs, sample, top_logprobs
@@ -169,8 +169,7 @@ class ResultProcessor:
         allows one (runtime/constrained/closing.py); a request whose choices that narrowed is `budget_closed`."""
         if not self.close_reserve or self.token_bytes is None:
             return
-        rows = [b for b, r in enumerate(reqs) if r.grammar is not None and r.sampling_params.json_schema is not None
-                and r.remaining_new_tokens <= window(r.max_new_tokens, self.close_reserve)]
+        rows = [b for b, r in enumerate(reqs) if r.closes_within(self.close_reserve)]
         if not rows:
             return
         if self._closers is None:

@@ -39,7 +39,6 @@ import numpy as np
 import torch
 
 from runtime.config import Config, SpeculativeConfig
-from runtime.constrained.closing import window
 from runtime.constrained.grammar import unpack_bitmask
 from runtime.executor.staging import to_device
 from runtime.sampling import SamplingInfo, compute_logprobs, greedy_ids, process_logits, target_probs
@@ -153,8 +152,7 @@ class Speculator:
             return 0
         if req.grammar is not None and not hasattr(req.grammar, "rollback"):
             return 0  # a grammar without rollback cannot check proposals
-        if self.close_reserve and req.grammar is not None and req.sampling_params.json_schema is not None and (
-                req.remaining_new_tokens - self.k <= window(req.max_new_tokens, self.close_reserve)):
+        if req.closes_within(self.close_reserve, ahead=self.k):
             return 0  # its last tokens are sampled one by one in the closing window (constrained/closing.py)
         return min(self.k, req.remaining_new_tokens)
 
