@@ -14,7 +14,7 @@ from runtime.constrained.errors import fail as _fail
 from runtime.constrained.json_any import bound_free_values, free_root
 from runtime.constrained.json_caps import VALIDATION_KEYWORDS, Caps, cap_lengths, plan
 from runtime.constrained.json_equiv import equivalent_forms
-from runtime.constrained.json_walk import SUBSCHEMA_LISTS, SUBSCHEMA_MAPS, SUBSCHEMA_ONE, subschemas
+from runtime.constrained.json_walk import children, subschemas
 
 
 def nesting_depth(x: Any, limit: int) -> int:
@@ -159,17 +159,7 @@ def check_keywords(schema: dict | bool, supported: frozenset[str], formats: froz
             if k == "format" and v not in formats:
                 _fail(f"unsupported JSON schema format {v!r} at {path} (the {backend} grammar backend cannot "
                       "enforce it)")
-        for k in SUBSCHEMA_MAPS:
-            if isinstance(s.get(k), dict):
-                stack.extend((x, f"{path}/{k}/{n}") for n, x in s[k].items() if isinstance(x, dict))
-        for k in SUBSCHEMA_ONE:
-            if isinstance(s.get(k), dict):
-                stack.append((s[k], f"{path}/{k}"))
-            elif isinstance(s.get(k), list):
-                stack.extend((x, f"{path}/{k}/{i}") for i, x in enumerate(s[k]) if isinstance(x, dict))
-        for k in SUBSCHEMA_LISTS:
-            if isinstance(s.get(k), list):
-                stack.extend((x, f"{path}/{k}/{i}") for i, x in enumerate(s[k]) if isinstance(x, dict))
+        stack.extend((x, f"{path}/{sub}") for sub, x in children(s))
 
 
 # llguidance takes multipleOf 1e-10 (1e-12 is refused: "too many digits", the float's decimal expansion)

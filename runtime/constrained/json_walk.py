@@ -1,27 +1,33 @@
-"""The subschemas of a JSON schema node, by keyword (one place for every rewrite's walk)."""
+"""The subschemas of a JSON schema node, by keyword (one place for every rewrite's and check's walk)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
-SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas", "dependencies")
 SUBSCHEMA_ONE = ("items", "additionalProperties", "contains", "not", "if", "then", "else", "propertyNames",
-                  "additionalItems", "unevaluatedItems", "unevaluatedProperties")
+                 "additionalItems", "unevaluatedItems", "unevaluatedProperties")
 SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 
 
-def subschemas(s: dict) -> list[Any]:
-    """Every subschema `s` holds directly (property values, items, branches, definitions...), dicts only."""
-    out: list[Any] = []
+def children(s: dict) -> Iterator[tuple[str, dict]]:
+    """(JSON-pointer suffix from `s`, subschema) for every subschema `s` holds directly (property values, items,
+    branches, definitions...), dicts only (`dependencies` values that are lists of names are not schemas)."""
     for k in SUBSCHEMA_MAPS:
         if isinstance(s.get(k), dict):
-            out.extend(s[k].values())
+            yield from ((f"{k}/{n}", x) for n, x in s[k].items() if isinstance(x, dict))
     for k in SUBSCHEMA_ONE:
         v = s.get(k)
-        out.extend(v if isinstance(v, list) else [v])
+        if isinstance(v, dict):
+            yield k, v
+        elif isinstance(v, list):  # draft-04 tuple `items`
+            yield from ((f"{k}/{i}", x) for i, x in enumerate(v) if isinstance(x, dict))
     for k in SUBSCHEMA_LISTS:
         if isinstance(s.get(k), list):
-            out.extend(s[k])
-    if isinstance(s.get("dependencies"), dict):
-        out.extend(v for v in s["dependencies"].values() if isinstance(v, dict))
-    return [x for x in out if isinstance(x, dict)]
+            yield from ((f"{k}/{i}", x) for i, x in enumerate(s[k]) if isinstance(x, dict))
+
+
+def subschemas(s: dict) -> list[Any]:
+    """Every subschema `s` holds directly (see `children`)."""
+    return [x for _, x in children(s)]
