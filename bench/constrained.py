@@ -33,7 +33,7 @@ import jsonschema  # noqa: E402
 from runtime.config import GrammarConfig  # noqa: E402
 from runtime.constrained import Grammar, GrammarBackend, plan_jump_forward  # noqa: E402
 from runtime.tokenizer.load import load_tokenizer  # noqa: E402
-from tests.runtime.test_constrained import LONG_KEYS, SCHEMAS  # noqa: E402
+from tests.runtime.constrained.cases import LONG_KEYS, SCHEMAS  # noqa: E402
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 24},
@@ -214,7 +214,7 @@ def bench_jump_e2e(n: int = 8, max_new: int = 96) -> dict:
 def bench_model_validity() -> dict:
     """The 30 test schemas and 20 test regexes on SmolLM2 at temperature 0.7 through the Engine."""
     from runtime.engine import Engine
-    from tests.runtime.test_constrained import REGEXES
+    from tests.runtime.constrained.cases import REGEXES
 
     ask = "<|im_start|>user\nAnswer with a value matching this constraint: {}<|im_end|>\n<|im_start|>assistant\n"
     with Engine(max_total_tokens=16384) as eng:

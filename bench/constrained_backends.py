@@ -47,7 +47,7 @@ def pct(xs: list[float], q: float) -> float:
 
 def compile_all(tok, name: str, entries: list[dict], timeout: float = 10.0) -> dict:  # noqa: ANN001
     """(1): one compile thread, so each wall time is one schema's compile. Schema semantics of the spec, as in
-    tests/runtime/test_constrained_jsonschemabench.py (extra properties allowed, numbers, strings, arrays and
+    tests/runtime/constrained/test_jsonschemabench.py (extra properties allowed, numbers, strings, arrays and
     maps unbounded), so that (2) can advance the grammars along the valid documents; the server in (3) runs the
     defaults."""
     cfg = GrammarConfig(grammar_backend=name, grammar_compile_timeout=timeout, json_allow_extra_properties=True,

@@ -103,7 +103,7 @@ export -f have_module install_missing
 if [ -z "${GPU_CHECK_SKIP_INSTALL:-}" ]; then phase install 60 install_missing; fi
 
 # 3. kernel tests: the GPU-marked ones, then the CPU-tier kernel tests (same comparisons, compiled on CUDA)
-phase pytest_gpu 200 "$PY" -m pytest -q -rs -m gpu tests/kernels tests/runtime/test_cuda_graph.py -p no:cacheprovider
+phase pytest_gpu 200 "$PY" -m pytest -q -rs -m gpu tests/kernels tests/runtime/executor/test_cuda_graph.py -p no:cacheprovider
 phase pytest_kernels 60 "$PY" -m pytest -q -m "not gpu" tests/kernels -p no:cacheprovider
 
 # 4. one forward of the engine core on CUDA

@@ -23,7 +23,7 @@ import time
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.server.conftest import ServerProc, alive, descendants  # noqa: E402
+from tests.server.harness import ServerProc, alive, descendants  # noqa: E402
 
 WORDS = ["alpha", "beta", "gamma", "delta", "river", "stone", "quick", "brown", "fox", "lazy", "dog", "sun"]
 BAD = [

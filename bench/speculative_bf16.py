@@ -1,6 +1,6 @@
 """Greedy agreement of speculation on vs off in bfloat16 (the default dtype), and where the texts part.
 
-In float32 the outputs are identical (tests/runtime/test_speculative_model.py). In bf16 a verify row's logits
+In float32 the outputs are identical (tests/runtime/speculative/test_model.py). In bf16 a verify row's logits
 come from an extend over several positions, a decode row's from one: the rounding differs, so where the top
 two tokens are nearly tied the argmax may flip and the texts part. This runs the 30 prompts of the float32
 test (max_new tokens each, ignore_eos) in one in-process scheduler over a bf16 runner: wave 1 opted out,
@@ -26,7 +26,7 @@ from runtime.executor.model_runner import create_model_runner  # noqa: E402
 from runtime.models.registry import default_model_path  # noqa: E402
 from runtime.tokenizer.load import load_tokenizer  # noqa: E402
 from tests.runtime import test_speculative_model as spec_tests  # noqa: E402
-from tests.runtime.test_scheduler_model import Driver  # noqa: E402
+from tests.runtime.scheduler.driver import Driver  # noqa: E402
 
 
 def main() -> None:

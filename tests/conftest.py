@@ -9,7 +9,7 @@ import torch
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 # Inductor compiles of SmolLM2 take minutes on 2 cores: the suite runs eagerly (servers it starts inherit
-# this), and the tests of the compiled path (tests/runtime/test_compiled.py) build their own compiled runners.
+# this), and the tests of the compiled path (tests/runtime/executor/test_compiled.py) build their own compiled runners.
 os.environ.setdefault("RADIXGEN_DISABLE_COMPILE", "1")
 
 

@@ -5,7 +5,7 @@ structural_tag (SGLang's {"structures": [...], "triggers": [...]}).
 
 xgrammar's JSON-schema converter silently ignores some keywords (an output would then not validate), so a schema
 first passes `schema.check_keywords` with XGRAMMAR_KEYWORDS: anything else is refused naming the keyword. The set
-was measured on JSONSchemaBench's MaskBench cases (tests/runtime/test_constrained_jsonschemabench.py): with it,
+was measured on JSONSchemaBench's MaskBench cases (tests/runtime/constrained/test_jsonschemabench.py): with it,
 no invalid instance is accepted.
 
 xgrammar 0.2.9 compiles a schema `pattern` with an optional group holding a repetition wrongly: for

@@ -17,7 +17,7 @@ import torch
 from kernels import ref
 from kernels.cpu import ops
 from kernels.cpu.backend import CpuAttnBackend, shared_prefix_len
-from tests.kernels.conftest import DTYPE_GEMMS, Q_DTYPE
+from tests.kernels.cpu_attention_params import DTYPE_GEMMS, Q_DTYPE
 from tests.kernels.paged import make_paged_batch, step_meta
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 1e-5}  # f16 pool: the same values both sides

@@ -13,8 +13,8 @@ import json
 import httpx
 import pytest
 
-from tests.reliability.conftest import wait_idle
-from tests.server.conftest import ServerProc
+from tests.reliability.harness import wait_idle
+from tests.server.harness import ServerProc
 
 MAX_NEW = 6
 WORDS = ["alpha", "beta", "gamma", "delta", "river", "stone", "quick", "brown", "fox", "lazy", "dog", "sun"]

@@ -12,8 +12,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.reliability.conftest import internal, wait_idle
-from tests.server.conftest import ServerProc
+from tests.reliability.harness import internal, wait_idle
+from tests.server.harness import ServerProc
 
 SP = "sampling_params"
 GEN = "/generate"

@@ -4,7 +4,7 @@ The server runs with the testing-only failpoint RADIXGEN_FAULT_INJECT_RID=poison
 scheduler raises while processing that request's third sampled token (a decode step, so it holds KV then).
 It must end with an "internal error" abort while 8 concurrent requests produce exactly the tokens they produce
 without it; then the server is healthy, nothing leaked, and the traceback is in the log.
-(The same at scheduler level with a fake runner: tests/runtime/test_scheduler_faults.py.)
+(The same at scheduler level with a fake runner: tests/runtime/scheduler/test_faults.py.)
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import asyncio
 import httpx
 import pytest
 
-from tests.reliability.conftest import wait_idle
-from tests.server.conftest import ServerProc
+from tests.reliability.harness import wait_idle
+from tests.server.harness import ServerProc
 
 AT_TOKEN = 3
 PROMPTS = [

@@ -12,8 +12,8 @@ import time
 import httpx
 import pytest
 
-from tests.reliability.conftest import internal, wait_idle
-from tests.server.conftest import ServerProc, alive, descendants
+from tests.reliability.harness import internal, wait_idle
+from tests.server.harness import ServerProc, alive, descendants
 
 POOL = 512
 MAX_NEW = 24

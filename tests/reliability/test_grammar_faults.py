@@ -3,7 +3,7 @@ clearly pending): an abort lands while the grammar compiles, and a compile that 
 requests nothing (they finish, with their unpressured tokens, while it is still pending).
 
 The runaway: a bounded repetition of a JSON-string body that passes validation but whose index build is
-exponential in the bound (tests/runtime/test_constrained_model.py::test_runaway_compile_aborts_while_others_
+exponential in the bound (tests/runtime/constrained/test_model.py::test_runaway_compile_aborts_while_others_
 stream). Each test uses its own bound, since the backend caches a timed-out compile under its spec.
 """
 
@@ -16,8 +16,8 @@ import time
 import httpx
 import pytest
 
-from tests.reliability.conftest import wait_idle
-from tests.server.conftest import ServerProc
+from tests.reliability.harness import wait_idle
+from tests.server.harness import ServerProc
 
 TIMEOUT = 30.0  # --grammar-compile-timeout: far above the time the plain requests and the abort take (even at load 7)
 

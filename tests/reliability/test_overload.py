@@ -9,8 +9,8 @@ import asyncio
 import httpx
 import pytest
 
-from tests.reliability.conftest import wait_idle
-from tests.server.conftest import ServerProc
+from tests.reliability.harness import wait_idle
+from tests.server.harness import ServerProc
 
 
 @pytest.fixture(scope="module")

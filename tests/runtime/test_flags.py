@@ -1,5 +1,5 @@
 """Behaviour of flags that were only tested for existing: --stream-interval and --random-seed on the scheduler
-with a fake runner (tests/runtime/test_scheduler.py), --grammar-cache-size and
+with a fake runner (tests/runtime/scheduler/test_scheduler.py), --grammar-cache-size and
 --constrained-json-whitespace-pattern on the default grammar backend with SmolLM2's tokenizer."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from runtime.constrained import Grammar, GrammarBackend
 from runtime.messages import TokenizedGenerateReq
 from runtime.sampling.params import SamplingParams
 from runtime.tokenizer.load import load_tokenizer
-from tests.runtime.test_scheduler import Results, drain, gen, make, prompt, reference
+from tests.runtime.scheduler.harness import Results, create_scheduler, drain, gen, prompt, reference
 
 
 @pytest.mark.parametrize("interval", [1, 4])
 def test_stream_interval_sends_every_n_tokens(interval):
-    sched, _ = make(stream_interval=interval)
+    sched, _ = create_scheduler(stream_interval=interval)
     p = prompt(10)
     sched.handle(gen("a", p, 10))
     res = drain(sched)
@@ -32,7 +32,7 @@ def test_stream_interval_sends_every_n_tokens(interval):
 
 
 def _sampled(random_seed: int, rid: str = "r") -> list[int]:
-    sched, _ = make(random_seed=random_seed)
+    sched, _ = create_scheduler(random_seed=random_seed)
     sp = SamplingParams(max_new_tokens=40, temperature=2.0)  # the fake logits are peaked: sample hot
     sched.handle(TokenizedGenerateReq(rid=rid, input_ids=prompt(8), sampling_params=sp))
     return drain(sched, Results()).ids(rid)

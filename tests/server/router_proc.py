@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import httpx
 
 from server.router import find_router, router_command
-from tests.server.conftest import free_port, stop_tree
+from tests.server.harness import free_port, stop_tree
 
 
 class RouterProc:

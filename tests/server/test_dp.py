@@ -21,7 +21,7 @@ from runtime.launch import Launch
 from server.cli import build_parser, config_from_args
 from server.config_flags import config_flags
 from server.dp import gpu_plan, threads_per_group, worker_config
-from tests.server.conftest import ROOT, ServerProc, alive, descendants
+from tests.server.harness import ROOT, ServerProc, alive, descendants
 
 pytest.importorskip("sglang_router")
 

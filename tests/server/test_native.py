@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from tests.server.conftest import ServerProc, alive, descendants
+from tests.server.harness import ServerProc, alive, descendants
 
 MAX_TOTAL = 8192
 

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import ServerProc
+from tests.server.harness import ServerProc
 
 MAX_TOTAL = 8192
 HELLO = [{"role": "user", "content": "Write a long story about a dragon who lives in a castle."}]

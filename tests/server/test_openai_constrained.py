@@ -18,7 +18,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.server.conftest import ServerProc
+from tests.server.harness import ServerProc
 
 MAX_TOKENS = 48
 SCHEMAS = [

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import ServerProc
+from tests.server.harness import ServerProc
 
 KEY = "sk-test-radixgen"
 AUTH = {"Authorization": f"Bearer {KEY}"}

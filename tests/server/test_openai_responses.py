@@ -14,7 +14,7 @@ import pytest
 from runtime.tokenizer.generate_input import RequestError
 from server.openai import responses_input as I
 from server.openai import tools as T
-from tests.server.conftest import ServerProc
+from tests.server.harness import ServerProc
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
         "required": ["city", "population"]}

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.server.conftest import ROOT, ServerProc
+from tests.server.harness import ROOT, ServerProc
 
 README = os.path.join(ROOT, "README.md")
 README_URL = "http://127.0.0.1:30000"

@@ -15,7 +15,7 @@ from server.cli import build_parser
 from server.openai import params as P
 from server.openai import tools as T
 from server.openai.chat import _choice
-from tests.server.conftest import ServerProc
+from tests.server.harness import ServerProc
 
 M = [{"role": "user", "content": "hi"}]
 

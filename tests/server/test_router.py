@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 
 import frontend_lang as fl
-from tests.server.conftest import ServerProc
+from tests.server.harness import ServerProc
 from tests.server.router_proc import RouterProc
 
 pytest.importorskip("sglang_router")

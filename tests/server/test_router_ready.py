@@ -17,7 +17,7 @@ from runtime.tokenizer.generate_input import RequestError
 from server.app import ServerState
 from server.metrics import Metrics
 from server.openai.common import check_model
-from tests.server.conftest import ServerProc
+from tests.server.harness import ServerProc
 
 CHAT = "/v1/chat/completions"
 M = [{"role": "user", "content": "hi"}]

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.server.conftest import ServerProc, alive, descendants
+from tests.server.harness import ServerProc, alive, descendants
 
 
 def _children(server) -> dict[str, int]:

@@ -18,13 +18,13 @@ from runtime.executor.memory import ReqToTokenTable
 from runtime.messages import AbortReq
 from runtime.scheduler import Scheduler
 from runtime.scheduler.speculative import create_speculator
-from tests.runtime.test_scheduler import (
+from tests.runtime.scheduler.harness import (
     FakeRunner,
     PoisonAllocator,
     Results,
     V,
+    create_scheduler,
     gen,
-    make,
     next_token,
     prompt,
     reference,
@@ -244,7 +244,7 @@ def test_bad_settings_fail_loud(tmp_path):
     with pytest.raises(ValueError, match="tp-size"):
         resolve(make_config(speculative_algorithm="draft", speculative_draft_model_path=str(tmp_path), tp_size=3))
     cfg = resolve(make_config(**SPEC))
-    sched, _ = make()
+    sched, _ = create_scheduler()
     with pytest.raises(ValueError, match="no draft model runner"):
         create_speculator(cfg, sched.kv, frozenset(), V, None)
 

@@ -25,7 +25,7 @@ from runtime.messages import TokenizedGenerateReq
 from runtime.sampling.params import SamplingParams
 from runtime.scheduler import Scheduler
 from runtime.speculative import accept_sampled
-from tests.runtime.test_model import TINY
+from tests.runtime.models.tiny import TINY
 
 TEMP, TOP_K, FREQ = 0.8, 40, 0.5
 DRAWS = 3000

@@ -11,34 +11,7 @@ from runtime.config import make_config
 from runtime.executor.forward_batch import ForwardBatch
 from runtime.executor.greedy import OfflineBatch, greedy_generate
 from runtime.executor.model_runner import create_model_runner
-
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=300, max_position_embeddings=256, rms_norm_eps=1e-6)
-
-
-def _tiny_checkpoint(tmp_path, kind: str) -> str:
-    import transformers as tf
-
-    torch.manual_seed(0)
-    if kind == "llama":
-        cfg = tf.LlamaConfig(**TINY, rope_theta=10000.0, tie_word_embeddings=False)
-        model = tf.LlamaForCausalLM(cfg)
-    elif kind == "llama3-scaled":
-        scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                   "original_max_position_embeddings": 64}
-        cfg = tf.LlamaConfig(**TINY, rope_theta=500000.0, rope_scaling=scaling, tie_word_embeddings=True)
-        model = tf.LlamaForCausalLM(cfg)
-    elif kind == "qwen2":
-        model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**TINY, tie_word_embeddings=True))
-    else:
-        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**TINY, head_dim=16, tie_word_embeddings=False))
-    with torch.no_grad():  # random norms so a wrong norm placement shows up
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-    path = str(tmp_path / kind)
-    model.save_pretrained(path)
-    return path
+from tests.runtime.models.tiny import tiny_checkpoint
 
 
 def _ragged_logits(runner, prompts: list[list[int]]) -> list[torch.Tensor]:
@@ -62,7 +35,7 @@ def _ragged_logits(runner, prompts: list[list[int]]) -> list[torch.Tensor]:
 def test_tiny_checkpoint_matches_transformers(tmp_path, kind):
     import transformers as tf
 
-    path = _tiny_checkpoint(tmp_path, kind)
+    path = tiny_checkpoint(tmp_path, kind)
     hf = tf.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
     runner = create_model_runner(make_config(model_path=path, dtype="float32", max_total_tokens=512, max_running_requests=8),
                                  progress=False)

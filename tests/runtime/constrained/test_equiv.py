@@ -169,7 +169,7 @@ def tok(smollm_path):
 
 
 def test_llguidance_enforces_the_rewritten_forms(tok) -> None:  # noqa: ANN001
-    from tests.runtime.test_constrained_caps import _accepts
+    from tests.runtime.constrained.cases import accepts
 
     cases = [
         (EQUAL[0], ['"2024-01-01"', "null"], ["1", "{}"]),
@@ -187,9 +187,9 @@ def test_llguidance_enforces_the_rewritten_forms(tok) -> None:  # noqa: ANN001
             assert isinstance(g, Grammar), (schema, g)
             for doc in good:
                 jsonschema.validate(json.loads(doc), schema)
-                assert _accepts(g.copy(), tok, doc), (schema, doc)
+                assert accepts(g.copy(), tok, doc), (schema, doc)
             for doc in bad:
-                assert not _accepts(g.copy(), tok, doc), (schema, doc)
+                assert not accepts(g.copy(), tok, doc), (schema, doc)
         # a oneOf that is not exclusive and a format no pattern covers: 400s naming them
         err = be.compile_blocking("json_schema", json.dumps(STAYS[0]))
         assert isinstance(err, GrammarError) and "oneOf" in err.message

@@ -15,7 +15,7 @@ from runtime.constrained import GrammarBackend
 from runtime.messages import TokenizedGenerateReq
 from runtime.sampling.params import SamplingParams
 from runtime.scheduler import Scheduler
-from tests.runtime.test_constrained import LONG_KEYS, REGEXES, SCHEMAS
+from tests.runtime.constrained.cases import LONG_KEYS, REGEXES, SCHEMAS
 
 
 @pytest.fixture(scope="module")

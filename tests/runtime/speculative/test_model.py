@@ -6,12 +6,10 @@ requests stay valid. Uses the session runner; every run ends with the strict lea
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
-from runtime.sampling.params import SamplingParams
-from tests.runtime.test_scheduler_model import Driver, chat
+from tests.runtime.scheduler.driver import Driver, chat, person_schema_backend
 
 MAX_NEW = 16
 SPEC = {"speculative_algorithm": "ngram", "speculative_num_draft_tokens": 4}
@@ -69,22 +67,6 @@ def test_greedy_equal_with_and_without_speculation(smollm_runner, tok, prompts, 
         d.close()
 
 
-def person_schema_backend(tok):
-    """A one-worker grammar backend with the {name, age} object schema already compiled (and cached), so the
-    runs that follow never wait on it; returns (backend, schema). The caller closes the backend."""
-    from runtime.config import GrammarConfig
-    from runtime.constrained import GrammarBackend
-
-    be = GrammarBackend.from_tokenizer(tok, GrammarConfig(grammar_compile_timeout=60.0), num_workers=1)
-    schema = json.dumps({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-                         "required": ["name", "age"]})
-    fut = be.get_future(SamplingParams(json_schema=schema))
-    for _ in range(600):
-        if fut.done():
-            break
-        time.sleep(0.1)
-    fut.result()
-    return be, schema
 
 
 def test_constrained_and_speculative_outputs_stay_valid(smollm_runner, tok):

@@ -1,5 +1,5 @@
 """The closing window's token classes, string scan and restriction of masked logits
-(runtime/constrained/closing.py); through the scheduler on the real model: tests/runtime/test_constrained_model.py."""
+(runtime/constrained/closing.py); through the scheduler on the real model: tests/runtime/constrained/test_model.py."""
 
 from __future__ import annotations
 

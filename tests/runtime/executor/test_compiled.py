@@ -18,12 +18,12 @@ from runtime.config import cpu_has_native_bf16, make_config
 from runtime.executor.forward_batch import ForwardBatch
 from runtime.executor.greedy import OfflineBatch, greedy_generate
 from runtime.executor.model_runner import create_model_runner
-from tests.runtime.test_model import _tiny_checkpoint
+from tests.runtime.models.tiny import tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory) -> str:
-    return _tiny_checkpoint(tmp_path_factory.mktemp("tiny"), "llama")
+    return tiny_checkpoint(tmp_path_factory.mktemp("tiny"), "llama")
 
 
 def _runner(path: str, dtype: str, compiled: bool, max_bs: int = 32):

@@ -15,7 +15,7 @@ from kernels import quant
 from runtime.models.arch import ModelArch
 from runtime.models.llama import LlamaForCausalLM
 from runtime.models.tensor_parallel import all_reduce_sum, check, local_arch, shard_weights
-from tests.server.conftest import free_port
+from tests.server.harness import free_port
 
 TINY = ModelArch(arch="llama", hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                  head_dim=16, vocab_size=96, rms_eps=1e-5, rope_theta=10000.0, max_position=64,
@@ -125,9 +125,9 @@ def test_engine_tp2_generates_what_tp1_generates(tmp_path, smollm_path):
     """The whole runtime at --tp-size 2 (scheduler = rank 0, one follower process, gloo): a batch of greedy
     requests, one sharing a cached prefix, gives the TP=1 tokens and logprobs (float32, within 1e-4)."""
     import runtime
-    from tests.runtime.test_model import _tiny_checkpoint
+    from tests.runtime.models.tiny import tiny_checkpoint
 
-    path = _tiny_checkpoint(tmp_path, "llama")
+    path = tiny_checkpoint(tmp_path, "llama")
     prompts = [[5, 9, 33, 71, 2, 140, 19, 7], [5, 9, 33, 71, 2, 140, 200, 64, 28, 3, 1], [250, 17]]
     sp = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
     results = {}
@@ -152,10 +152,10 @@ def test_a_dead_rank_stops_the_server_naming_it(tmp_path, smollm_path):
     import signal
     import subprocess
 
-    from tests.runtime.test_model import _tiny_checkpoint
-    from tests.server.conftest import ServerProc, alive, descendants
+    from tests.runtime.models.tiny import tiny_checkpoint
+    from tests.server.harness import ServerProc, alive, descendants
 
-    path = _tiny_checkpoint(tmp_path, "llama")
+    path = tiny_checkpoint(tmp_path, "llama")
     s = ServerProc("--model-path", path, "--tokenizer-path", smollm_path, "--tp-size", "2", "--dtype", "float32",
                    "--max-total-tokens", "512", "--log-level", "warning").wait_ready()
     try:
@@ -234,10 +234,10 @@ def test_two_nodes_over_loopback(tmp_path, smollm_path):
     import threading
 
     from runtime.models.loader import load_weights
-    from tests.runtime.test_model import _tiny_checkpoint
-    from tests.server.conftest import ROOT, ServerProc, alive, descendants, stop_tree
+    from tests.runtime.models.tiny import tiny_checkpoint
+    from tests.server.harness import ROOT, ServerProc, alive, descendants, stop_tree
 
-    path = _tiny_checkpoint(tmp_path, "llama")
+    path = tiny_checkpoint(tmp_path, "llama")
     flags = ["--model-path", path, "--tokenizer-path", smollm_path, "--tp-size", "2", "--nnodes", "2",
              "--dist-init-addr", f"127.0.0.1:{free_port()}", "--dtype", "float32", "--max-total-tokens", "512",
              "--log-level", "warning"]

@@ -15,9 +15,8 @@ import torch
 
 from runtime.config import make_config
 from runtime.executor.model_runner import create_model_runner
-from tests.runtime.test_model import TINY
-from tests.runtime.test_scheduler_model import Driver, chat
-from tests.runtime.test_speculative_model import person_schema_backend
+from tests.runtime.models.tiny import TINY
+from tests.runtime.scheduler.driver import Driver, chat, person_schema_backend
 
 SPEC = {"speculative_algorithm": "draft", "speculative_num_draft_tokens": 4}
 

@@ -12,7 +12,7 @@ import pytest
 
 from runtime.messages import AbortReq
 from runtime.speculative import accept_greedy, propose_ngram
-from tests.runtime.test_scheduler import Results, V, drain, gen, make, prompt, reference, step
+from tests.runtime.scheduler.harness import Results, V, create_scheduler, drain, gen, prompt, reference, step
 
 SPEC = {"speculative_algorithm": "ngram", "speculative_num_draft_tokens": 4}
 
@@ -30,7 +30,7 @@ def test_ngram_proposer_most_recent_longest_match():
 
 @pytest.mark.parametrize("mode", ["inc", "hash"])
 def test_outputs_equal_reference_with_mixed_spec_and_plain_requests(mode):
-    sched, _ = make(num_slots=1024, mode=mode, chunked_prefill_size=16, **SPEC)
+    sched, _ = create_scheduler(num_slots=1024, mode=mode, chunked_prefill_size=16, **SPEC)
     ps = {f"r{i}": prompt(20 + 7 * i, seed=i) + list(range(V)) for i in range(4)}
     res = Results()
     for rid, p in ps.items():
@@ -48,7 +48,7 @@ def test_outputs_equal_reference_with_mixed_spec_and_plain_requests(mode):
 
 
 def test_stop_token_and_max_new_tokens_cut_exactly_inside_a_verify_step():
-    sched, _ = make(mode="inc", **SPEC)
+    sched, _ = create_scheduler(mode="inc", **SPEC)
     p = list(range(V)) + [10]
     res = Results()
     sched.handle(gen("eos", p, 30, stop_token_ids=[17]))
@@ -61,7 +61,7 @@ def test_stop_token_and_max_new_tokens_cut_exactly_inside_a_verify_step():
 
 
 def test_streamed_outputs_arrive_in_order():
-    sched, _ = make(mode="inc", **SPEC)
+    sched, _ = create_scheduler(mode="inc", **SPEC)
     p = list(range(V)) + [3]
     sched.handle(gen("s", p, 20))
     res = drain(sched)
@@ -71,7 +71,7 @@ def test_streamed_outputs_arrive_in_order():
 
 
 def test_abort_after_a_verify_step_and_retraction_leak_nothing():
-    sched, _ = make(num_slots=1024, mode="inc", **SPEC)
+    sched, _ = create_scheduler(num_slots=1024, mode="inc", **SPEC)
     p = list(range(V)) + [1]
     res = Results()
     sched.handle(gen("a", p, 40))
@@ -84,7 +84,7 @@ def test_abort_after_a_verify_step_and_retraction_leak_nothing():
     assert res.final("a").finish_reason["type"] == "abort"
     assert res.ids("b") == reference(p + [2], 40, "inc")
     # a pool so small that requests are retracted while they speculate
-    sched, _ = make(num_slots=180, mode="hash", **SPEC)
+    sched, _ = create_scheduler(num_slots=180, mode="hash", **SPEC)
     ps = {f"t{i}": list(range(V)) + prompt(6, seed=i) for i in range(3)}
     res = Results()
     for rid, q in ps.items():
@@ -97,9 +97,9 @@ def test_abort_after_a_verify_step_and_retraction_leak_nothing():
 
 def test_bad_settings_fail_loud():
     with pytest.raises(ValueError, match="speculative-algorithm"):
-        make(speculative_algorithm="eagle")
+        create_scheduler(speculative_algorithm="eagle")
     with pytest.raises(ValueError, match="page-size 1"):
-        make(page_size=4, **SPEC)
+        create_scheduler(page_size=4, **SPEC)
 
 
 def test_metrics_and_meta_info_report_speculation():
@@ -110,7 +110,7 @@ def test_metrics_and_meta_info_report_speculation():
     assert 'sglang:spec_accept_length{model_name="smol"} 2.5' in text
     assert 'sglang:spec_accept_rate{model_name="smol"} 0.375' in text
     assert "spec_accept_rate" not in Metrics().render("sglang", "smol", {})  # speculation off: no series
-    sched, _ = make(mode="inc", **SPEC)
+    sched, _ = create_scheduler(mode="inc", **SPEC)
     sched.handle(gen("m", list(range(V)) + [5], 12))
     out = drain(sched).final("m")
     assert out.spec_verify_ct > 0 and out.spec_accepted_tokens > 0
@@ -122,7 +122,7 @@ def test_fault_in_the_middle_of_a_verify_step_aborts_only_that_request(monkeypat
     an internal-error abort, its row keeps exactly the KV of the tokens before, and nothing leaks."""
     monkeypatch.setenv("RADIXGEN_FAULT_INJECT_RID", "bad")
     monkeypatch.setenv("RADIXGEN_FAULT_INJECT_AT_TOKEN", "3")
-    sched, _ = make(mode="inc", **SPEC)
+    sched, _ = create_scheduler(mode="inc", **SPEC)
     p = list(range(V)) + [7]
     sched.handle(gen("bad", p, 20))
     sched.handle(gen("ok", p + [8], 20))
@@ -149,7 +149,7 @@ def row_kinds(sched, rid: str) -> str:
 def test_rejected_drafts_pause_proposing_for_a_while():
     """Every verify step accepts 0 drafts: the average (0) is below 1, so each proposal is followed by a pause,
     each pause twice the one before (2, 4, 8, 16) up to 8x the base (16), outputs unchanged."""
-    sched, _ = make(mode="inc", **{**SPEC, "speculative_num_draft_tokens": 2}, speculative_pause_steps=2)
+    sched, _ = create_scheduler(mode="inc", **{**SPEC, "speculative_num_draft_tokens": 2}, speculative_pause_steps=2)
     sched.handle(gen("m", MISS, 50))
     res = drain(sched)
     assert res.ids("m") == reference(MISS, 50, "inc")
@@ -161,7 +161,7 @@ def test_rejected_drafts_pause_proposing_for_a_while():
 
 
 def test_accepted_drafts_never_pause():
-    sched, _ = make(mode="inc", **SPEC, speculative_pause_steps=2)
+    sched, _ = create_scheduler(mode="inc", **SPEC, speculative_pause_steps=2)
     p = list(range(V)) + [5]  # outputs 6.. continue the prompt's run: every draft is accepted
     sched.handle(gen("a", p, 30))
     res = drain(sched)
@@ -172,7 +172,7 @@ def test_accepted_drafts_never_pause():
 
 
 def test_min_accept_zero_never_pauses():
-    sched, _ = make(mode="inc", **SPEC, speculative_min_accept=0.0, speculative_pause_steps=2)
+    sched, _ = create_scheduler(mode="inc", **SPEC, speculative_min_accept=0.0, speculative_pause_steps=2)
     sched.handle(gen("m", MISS, 20))
     sched.handle(gen("p", MISS + [7], 20, disable_speculation=True))  # a plain row in the same batches
     res = drain(sched)
@@ -185,13 +185,13 @@ def test_min_accept_zero_never_pauses():
 def test_paused_and_speculating_requests_share_batches_with_unchanged_outputs():
     """"m" pauses while "a" keeps verifying in the same steps; then hash-mode requests over repeated prompts
     (some drafts accepted, most not) with the default pause settings, against the reference."""
-    sched, _ = make(mode="inc", **SPEC, speculative_pause_steps=2)
+    sched, _ = create_scheduler(mode="inc", **SPEC, speculative_pause_steps=2)
     sched.handle(gen("m", MISS, 24))
     sched.handle(gen("a", list(range(V)) + [5], 24))
     res = drain(sched)
     assert res.ids("m") == reference(MISS, 24, "inc") and res.ids("a") == reference(list(range(V)) + [5], 24, "inc")
     assert "d" in row_kinds(sched, "m") and set(row_kinds(sched, "a")) == {"V"}
-    sched, _ = make(mode="hash", **SPEC)
+    sched, _ = create_scheduler(mode="hash", **SPEC)
     ps = {f"h{i}": prompt(30, seed=i) + prompt(30, seed=i) for i in range(3)}
     for rid, q in ps.items():
         sched.handle(gen(rid, q, 40))
@@ -231,9 +231,9 @@ def test_pause_settings_are_validated_and_reach_the_cli():
     from server.cli import build_parser, config_from_args
 
     with pytest.raises(ValueError, match="--speculative-min-accept must be >= 0"):
-        make(speculative_min_accept=-0.5, **SPEC)
+        create_scheduler(speculative_min_accept=-0.5, **SPEC)
     with pytest.raises(ValueError, match="--speculative-pause-steps must be at least 1"):
-        make(speculative_pause_steps=0, **SPEC)
+        create_scheduler(speculative_pause_steps=0, **SPEC)
     parser = build_parser()
     ns = parser.parse_args(["serve", "--speculative-min-accept", "0.5", "--speculative-pause-steps", "4"])
     sp = config_from_args(ns).speculative

@@ -11,12 +11,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.messages import AbortReq
-from tests.runtime.test_scheduler import (
+from tests.runtime.scheduler.harness import (
     FakeGrammars,
     Results,
+    create_scheduler,
     drain,
     gen,
-    make,
     next_token,
     prompt,
     reference,
@@ -32,7 +32,7 @@ def extend_tokens(runner) -> int:
 # ---------------------------------------------------------------------------------------------- mixed steps
 @pytest.mark.parametrize("mixed", [True, False])
 def test_decode_gets_a_token_every_step_while_a_4000_token_prompt_chunks_in(mixed):
-    sched, runner = make(num_slots=8192, max_running=8, max_context=4100, chunked_prefill_size=512,
+    sched, runner = create_scheduler(num_slots=8192, max_running=8, max_context=4100, chunked_prefill_size=512,
                          disable_mixed_steps=not mixed)
     shorts = {f"d{i}": prompt(30, i) for i in range(4)}
     for rid, p in shorts.items():
@@ -66,7 +66,7 @@ def test_decode_gets_a_token_every_step_while_a_4000_token_prompt_chunks_in(mixe
 # ---------------------------------------------------------------------------------------------- same-step sharing
 @pytest.mark.parametrize("chunk", [512, 2048])
 def test_32_requests_over_a_new_1500_token_prefix_compute_it_once(chunk):
-    sched, runner = make(num_slots=8192, max_running=40, max_context=1600, chunked_prefill_size=chunk)
+    sched, runner = create_scheduler(num_slots=8192, max_running=40, max_context=1600, chunked_prefill_size=chunk)
     doc = prompt(1500, 7)
     qs = {f"q{i}": doc + [i] + prompt(19, 100 + i) for i in range(32)}  # distinct first question tokens
     for rid, p in qs.items():
@@ -91,7 +91,7 @@ def test_32_requests_over_a_new_1500_token_prefix_compute_it_once(chunk):
 def test_same_step_sharing_with_a_chunked_document_holder():
     """A request arriving while another computes a shared document in chunks waits for it instead of
     computing it again, and the tree holds each chunk (locked) from the step that computes it."""
-    sched, runner = make(num_slots=2048, max_context=600, chunked_prefill_size=128)
+    sched, runner = create_scheduler(num_slots=2048, max_context=600, chunked_prefill_size=128)
     doc = prompt(500, 3)
     sched.handle(gen("a", doc + prompt(10, 4), 3))
     res = Results()
@@ -122,7 +122,7 @@ class AnyToken:
 
 def test_jump_forward_extends_ride_in_decode_steps(monkeypatch):
     backend = FakeGrammars()
-    sched, runner = make(grammar_backend=backend)
+    sched, runner = create_scheduler(grammar_backend=backend)
     proc = sched.processor
     proc.jump_encode = lambda text: []  # jump-forward on; the fake below decides what is forced
 
@@ -155,7 +155,7 @@ def test_random_arrivals_aborts_chunks_and_pool_pressure(data):
     """Invariants after every step (strict slot accounting, tree integrity at the end) and greedy outputs
     equal to the unbatched reference, whatever arrives when, what is aborted, the chunk size and the pool."""
     draw = data.draw
-    sched, _ = make(
+    sched, _ = create_scheduler(
         num_slots=draw(st.sampled_from([48, 64, 96, 160, 400]), label="slots"),
         max_running=draw(st.integers(1, 6), label="rows"),
         chunked_prefill_size=draw(st.sampled_from([-1, 4, 7, 16, 64]), label="chunk"),

@@ -19,6 +19,7 @@ from runtime.config import GrammarConfig
 from runtime.constrained import Grammar, GrammarBackend
 from runtime.constrained.json_caps import Caps, pattern_width, plan
 from runtime.constrained.json_rules import FORMAT_MAX_LENGTH, bound_runaway_values, parse_schema
+from tests.runtime.constrained.cases import accepts
 
 LLG = Caps(8, 3, 3)  # llguidance's reading: caps beside patterns/formats and on untyped values too
 XGR = Caps(8, 3, beside_patterns=False, untyped=False, key_patterns=False)  # and no maxProperties
@@ -189,36 +190,29 @@ SAMPLED = {"type": "object", "properties": {"s": STR, "tags": ARR,
 SCHEMA = {**SAMPLED, "properties": {**SAMPLED["properties"], "p": {"type": "string", "pattern": "^[a-z]+$"}}}
 
 
-def _accepts(g: Grammar, tok, text: str) -> bool:  # noqa: ANN001
-    state = g.copy()
-    ids = tok.encode(text, add_special_tokens=False, allow_special=False)
-    if not state.can_accept(ids):
-        return False
-    state.accept_tokens(ids)
-    return state.is_accepting()
 
 
 @pytest.mark.parametrize("name", ["llguidance", "xgrammar"])
 def test_grammar_cannot_grow_a_value_past_its_cap(tok, name: str) -> None:
-    from tests.runtime.test_constrained import sample
+    from tests.runtime.constrained.cases import sample
 
     cfg = GrammarConfig(grammar_backend=name, json_max_string_length=8, json_max_array_items=3,
                         json_max_object_properties=3)
     with GrammarBackend.from_tokenizer(tok, cfg, num_workers=1) as be:
         g = be.compile_blocking("json_schema", json.dumps(SCHEMA))
         assert isinstance(g, Grammar), g
-        assert _accepts(g, tok, '{"s":"abcdefgh","tags":["x","y","z"]}')
-        assert not _accepts(g, tok, '{"s":"abcdefghi","tags":[]}')
-        assert not _accepts(g, tok, '{"s":"","tags":["x","y","z","w"]}')
-        assert not _accepts(g, tok, '{"s":"","tags":["abcdefghi"]}')
+        assert accepts(g, tok, '{"s":"abcdefgh","tags":["x","y","z"]}')
+        assert not accepts(g, tok, '{"s":"abcdefghi","tags":[]}')
+        assert not accepts(g, tok, '{"s":"","tags":["x","y","z","w"]}')
+        assert not accepts(g, tok, '{"s":"","tags":["abcdefghi"]}')
         four = '{"s":"","tags":[],"m":{"a":1,"b":2,"c":3,"d":4}}'
-        assert _accepts(g, tok, four.replace(',"d":4', "")) and _accepts(g, tok, four) == (name == "xgrammar")
+        assert accepts(g, tok, four.replace(',"d":4', "")) and accepts(g, tok, four) == (name == "xgrammar")
         # xgrammar keeps a pattern's own length (it would drop a maxLength beside it); llguidance caps it
-        assert _accepts(g, tok, '{"s":"","tags":[],"p":"abcdefghi"}') == (name == "xgrammar")
+        assert accepts(g, tok, '{"s":"","tags":[],"p":"abcdefghi"}') == (name == "xgrammar")
         off = GrammarConfig(grammar_backend=name, json_max_string_length=0, json_max_array_items=0,
                             json_max_object_properties=0)
         with GrammarBackend.from_tokenizer(tok, off, num_workers=1) as free:
-            assert _accepts(free.compile_blocking("json_schema", json.dumps(SCHEMA)), tok,
+            assert accepts(free.compile_blocking("json_schema", json.dumps(SCHEMA)), tok,
                             '{"s":"abcdefghijkl","tags":["x","y","z","w"]}')
         # sampled outputs (random logits under the mask, pushed toward closing quotes and brackets so a walk
         # ends) stay within the caps and validate against the schema as sent
@@ -352,7 +346,7 @@ FREE = {"type": "object", "properties": {"v": {}, "m": {"type": "object"}}, "req
 
 @pytest.mark.parametrize("name", ["llguidance", "xgrammar"])
 def test_grammar_cannot_grow_a_free_value_past_its_caps(tok, name: str) -> None:
-    from tests.runtime.test_constrained import sample
+    from tests.runtime.constrained.cases import sample
 
     cfg = GrammarConfig(grammar_backend=name, json_max_string_length=8, json_max_array_items=3,
                         json_max_object_properties=3)
@@ -360,14 +354,14 @@ def test_grammar_cannot_grow_a_free_value_past_its_caps(tok, name: str) -> None:
     with GrammarBackend.from_tokenizer(tok, cfg, num_workers=1) as be:
         g = be.compile_blocking("json_schema", json.dumps(FREE))
         assert isinstance(g, Grammar), g
-        assert _accepts(g, tok, '{"v":"abcdefgh"}') and not _accepts(g, tok, '{"v":"abcdefghi"}')
-        assert _accepts(g, tok, '{"v":[[[1,2,3]]]}') and not _accepts(g, tok, '{"v":[[[[1]]]]}')  # 3 levels
-        assert not _accepts(g, tok, '{"v":[1,2,3,4]}') and not _accepts(g, tok, '{"v":[["abcdefghi"]]}')
-        assert _accepts(g, tok, '{"v":1,"m":{"k":{"j":[null]}}}')
-        assert not _accepts(g, tok, '{"v":1,"m":{"k":"abcdefghi"}}')  # an open object's extra value
-        assert _accepts(g, tok, '{"v":{"abcdefgh":1}}') and _accepts(g, tok, '{"v":{"abcdefghi":1}}') != llg
-        assert _accepts(g, tok, '{"v":{"a":1,"b":2,"c":3,"d":4}}') != llg  # maxProperties: llguidance only
-        assert _accepts(g, tok, '{"v":1616161616161616161}') != llg  # I-JSON range: llguidance's numbers
+        assert accepts(g, tok, '{"v":"abcdefgh"}') and not accepts(g, tok, '{"v":"abcdefghi"}')
+        assert accepts(g, tok, '{"v":[[[1,2,3]]]}') and not accepts(g, tok, '{"v":[[[[1]]]]}')  # 3 levels
+        assert not accepts(g, tok, '{"v":[1,2,3,4]}') and not accepts(g, tok, '{"v":[["abcdefghi"]]}')
+        assert accepts(g, tok, '{"v":1,"m":{"k":{"j":[null]}}}')
+        assert not accepts(g, tok, '{"v":1,"m":{"k":"abcdefghi"}}')  # an open object's extra value
+        assert accepts(g, tok, '{"v":{"abcdefgh":1}}') and accepts(g, tok, '{"v":{"abcdefghi":1}}') != llg
+        assert accepts(g, tok, '{"v":{"a":1,"b":2,"c":3,"d":4}}') != llg  # maxProperties: llguidance only
+        assert accepts(g, tok, '{"v":1616161616161616161}') != llg  # I-JSON range: llguidance's numbers
         if not llg:
             return  # (xgrammar's free keys are unbounded: random sampling there spends minutes in keys)
         bias = torch.zeros(tok.vocab_size)

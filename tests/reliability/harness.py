@@ -1,6 +1,6 @@
 """Shared helpers for the reliability battery: the scheduler's idle KV invariant read over HTTP.
 
-Servers are started with `tests.server.conftest.ServerProc` (free port on 127.0.0.1, whole tree stopped).
+Servers are started with `tests.server.harness.ServerProc` (free port on 127.0.0.1, whole tree stopped).
 """
 
 from __future__ import annotations

@@ -13,13 +13,13 @@ import logging
 import pytest
 
 from runtime.messages import AbortReq
-from tests.runtime.test_scheduler import (
+from tests.runtime.scheduler.harness import (
     FakeGrammars,
     OnlyToken,
     Results,
+    create_scheduler,
     drain,
     gen,
-    make,
     prompt,
     reference,
     step,
@@ -30,7 +30,7 @@ from tests.runtime.test_scheduler import (
 def test_injected_fault_aborts_only_that_request(monkeypatch, caplog, at_token: int) -> None:
     monkeypatch.setenv("RADIXGEN_FAULT_INJECT_RID", "bad")
     monkeypatch.setenv("RADIXGEN_FAULT_INJECT_AT_TOKEN", str(at_token))
-    sched, _ = make(num_slots=256, max_running=8)
+    sched, _ = create_scheduler(num_slots=256, max_running=8)
     prompts = {f"ok{i}": prompt(5 + i, seed=i) for i in range(5)}
     prompts["bad"] = prompt(7, seed=99)
     prompts["bad_0"] = prompt(7, seed=99)  # a rid that merely starts with the poisoned one is untouched
@@ -56,7 +56,7 @@ def test_injected_fault_aborts_only_that_request(monkeypatch, caplog, at_token: 
 def test_rid_reusable_and_scheduler_keeps_serving(monkeypatch) -> None:
     monkeypatch.setenv("RADIXGEN_FAULT_INJECT_RID", "bad")
     monkeypatch.setenv("RADIXGEN_FAULT_INJECT_AT_TOKEN", "2")
-    sched, _ = make(num_slots=128, max_running=4)
+    sched, _ = create_scheduler(num_slots=128, max_running=4)
     for round_ in range(3):  # the same scheduler after each failure: the failpoint fires again, others fine
         sched.handle(gen("bad", prompt(6, seed=round_), max_new=6))
         sched.handle(gen(f"ok{round_}", prompt(9, seed=10 + round_), max_new=6))
@@ -67,7 +67,7 @@ def test_rid_reusable_and_scheduler_keeps_serving(monkeypatch) -> None:
 
 def test_failpoint_off_by_default(monkeypatch) -> None:
     monkeypatch.delenv("RADIXGEN_FAULT_INJECT_RID", raising=False)
-    sched, _ = make()
+    sched, _ = create_scheduler()
     assert sched.processor.fault_rid is None
     sched.handle(gen("bad", prompt(6), max_new=5))
     res = drain(sched)
@@ -90,7 +90,7 @@ class BrokenTermination(OnlyToken):
 def test_bug_in_one_requests_grammar_aborts_only_it(monkeypatch) -> None:
     monkeypatch.delenv("RADIXGEN_FAULT_INJECT_RID", raising=False)
     backend = FakeGrammars()
-    sched, _ = make(grammar_backend=backend)
+    sched, _ = create_scheduler(grammar_backend=backend)
     sched.handle(gen("g", prompt(5), 10, regex="x+"))
     sched.handle(gen("plain", prompt(6), 6))
     backend.futures[0].set_result(BrokenTermination(9, 5))
@@ -106,7 +106,7 @@ def test_bug_in_one_requests_grammar_aborts_only_it(monkeypatch) -> None:
 def test_abort_while_grammar_compiles(monkeypatch) -> None:
     monkeypatch.delenv("RADIXGEN_FAULT_INJECT_RID", raising=False)
     backend = FakeGrammars()
-    sched, _ = make(grammar_backend=backend)
+    sched, _ = create_scheduler(grammar_backend=backend)
     sched.handle(gen("g", prompt(5), 10, regex="x+"))
     sched.handle(gen("plain", prompt(6), 6))
     res = Results()

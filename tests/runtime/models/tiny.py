@@ -1,0 +1,33 @@
+"""Tiny random checkpoints of each supported architecture, saved by transformers, for tests."""
+
+from __future__ import annotations
+
+import torch
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=300, max_position_embeddings=256, rms_norm_eps=1e-6)
+
+
+def tiny_checkpoint(tmp_path, kind: str) -> str:
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if kind == "llama":
+        cfg = tf.LlamaConfig(**TINY, rope_theta=10000.0, tie_word_embeddings=False)
+        model = tf.LlamaForCausalLM(cfg)
+    elif kind == "llama3-scaled":
+        scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 64}
+        cfg = tf.LlamaConfig(**TINY, rope_theta=500000.0, rope_scaling=scaling, tie_word_embeddings=True)
+        model = tf.LlamaForCausalLM(cfg)
+    elif kind == "qwen2":
+        model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**TINY, tie_word_embeddings=True))
+    else:
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**TINY, head_dim=16, tie_word_embeddings=False))
+    with torch.no_grad():  # random norms so a wrong norm placement shows up
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    path = str(tmp_path / kind)
+    model.save_pretrained(path)
+    return path
