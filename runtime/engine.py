@@ -20,6 +20,8 @@ import threading
 from collections.abc import Awaitable, Iterator
 from typing import Any, TypeVar
 
+import msgspec
+
 from runtime.config import make_config
 from runtime.launch import Launch
 from runtime.messages import ModelInfo
@@ -28,6 +30,14 @@ from runtime.tokenizer.manager import TokenizerManager
 
 T = TypeVar("T")
 _END = object()
+
+
+def _plain(result: dict[str, Any]) -> dict[str, Any]:
+    """A result in the native /generate JSON shape: the typed finish reason as its JSON object."""
+    fr = result["meta_info"].get("finish_reason")
+    if fr is None:
+        return result
+    return {**result, "meta_info": {**result["meta_info"], "finish_reason": msgspec.to_builtins(fr)}}
 
 
 class Engine:
@@ -109,7 +119,7 @@ class Engine:
         finally:
             for h in handles:
                 h.abort()
-        return [r for rs in per for r in rs]
+        return [_plain(r) for rs in per for r in rs]
 
     def _stream(self, req: GenerateRequest) -> Iterator[dict[str, Any]]:
         q: queue.Queue = queue.Queue()
@@ -118,7 +128,7 @@ class Engine:
             try:
                 handle = self._tm.submit(req)
                 async for item in handle:
-                    q.put(handle.public(item))
+                    q.put(_plain(handle.public(item)))
             except BaseException as e:  # handed to the consumer thread
                 q.put(e)
             finally:

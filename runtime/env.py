@@ -27,12 +27,6 @@ class Env:
     disable_compile: bool = False
     """RADIXGEN_DISABLE_COMPILE: 1 runs the CPU forward eagerly whatever --disable-compile says (tests set it so
     that only the tests marked for it pay for inductor compiles)."""
-    fault_inject_rid: str | None = None
-    """RADIXGEN_FAULT_INJECT_RID: testing only, off by default. The scheduler raises while processing the
-    sampled token of the request whose rid is exactly this (tests/reliability/test_fault_inject.py)."""
-    fault_inject_at_token: int = 1
-    """RADIXGEN_FAULT_INJECT_AT_TOKEN: with RADIXGEN_FAULT_INJECT_RID, the output token count at which it raises
-    (1: the first token, sampled at the end of prefill; more: a decode step)."""
 
 
 def _get(name: str, cast: type, default: object) -> object:
@@ -62,6 +56,4 @@ def load_env() -> Env:
         abort_confirm_timeout=_get("ABORT_CONFIRM_TIMEOUT", float, d.abort_confirm_timeout),
         parent_poll_interval=_get("PARENT_POLL_INTERVAL", float, d.parent_poll_interval),
         disable_compile=_get("DISABLE_COMPILE", _flag, d.disable_compile),
-        fault_inject_rid=_get("FAULT_INJECT_RID", str, d.fault_inject_rid),
-        fault_inject_at_token=_get("FAULT_INJECT_AT_TOKEN", int, d.fault_inject_at_token),
     )

@@ -7,7 +7,7 @@ No pickle anywhere. `Codec(union)` encodes/decodes one channel's messages.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 import msgspec
 
@@ -16,6 +16,35 @@ from runtime.sampling.params import SamplingParams
 
 class Msg(msgspec.Struct, tag=True, kw_only=True):
     """Base of every message; the tag is the class name."""
+
+
+# ---------------------------------------------------------------- finish reasons
+class FinishStop(msgspec.Struct, tag_field="type", tag="stop", frozen=True, kw_only=True):
+    """Stopped by EOS, a stop token id or a stop string (`matched`), or by its grammar (`matched` None: the
+    last token is content). JSON: SGLang's `{"type": "stop", "matched": ...}`."""
+
+    type: ClassVar[str] = "stop"
+    matched: str | int | None = None
+
+
+class FinishLength(msgspec.Struct, tag_field="type", tag="length", frozen=True, kw_only=True, omit_defaults=True):
+    """Reached `length` new tokens (or the JSON closing window narrowed its last ones). `matched`: an EOS that
+    happened to be the last token (the detokenizer still trims it)."""
+
+    type: ClassVar[str] = "length"
+    length: int
+    matched: int | None = None
+
+
+class FinishAbort(msgspec.Struct, tag_field="type", tag="abort", frozen=True, kw_only=True, omit_defaults=True):
+    """Aborted by a client, an operator or an error; `status_code` when the cause maps to an HTTP status."""
+
+    type: ClassVar[str] = "abort"
+    message: str
+    status_code: int | None = None
+
+
+FinishReason = Union[FinishStop, FinishLength, FinishAbort]  # noqa: UP007
 
 
 # ---------------------------------------------------------------- server -> scheduler
@@ -54,7 +83,7 @@ class ReqTokenOut(Msg):
 
     rid: str
     new_ids: list[int]
-    finish_reason: dict[str, Any] | None = None  # {"type": "length"|"stop"|"abort", ...}; None while running
+    finish_reason: FinishReason | None = None  # None while running
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -90,7 +119,7 @@ class ReqTextOut(Msg):
     text_delta: str
     new_ids: list[int]
     trim: int = 0
-    finish_reason: dict[str, Any] | None = None
+    finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0

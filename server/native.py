@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
+from runtime.messages import FinishAbort
 from runtime.models.loader import read_model_type
 from runtime.tokenizer.generate_input import GenerateRequest, RequestError, normalize_generate
 from runtime.tokenizer.manager import RequestHandle
@@ -87,7 +88,7 @@ async def health_generate(request: Request) -> Response:
         raise RequestError(f"no generation within {state.health_check_timeout:g} s", None, "unhealthy", 503,
                            "server_error") from None
     fr = results[0]["meta_info"]["finish_reason"] if results else None
-    if not fr or fr.get("type") == "abort":
+    if fr is None or isinstance(fr, FinishAbort):
         raise RequestError(f"health generation failed: {fr}", None, "unhealthy", 503, "server_error")
     return JSON({})
 

@@ -1,13 +1,12 @@
-"""The grammar seam the scheduler uses: one `Grammar` base class, batched masks, jump-forward planning.
+"""`MatcherGrammar`, the seam's `Grammar` (seam.py) over a backend matcher; batched masks; jump-forward planning.
 
-Every backend (outlines_backend.py, llguidance_backend.py, xgrammar_backend.py) subclasses `Grammar` and
-implements the few `_`-prefixed hooks; the scheduler (runtime/scheduler/process.py, finish.py) only sees:
+Every backend (outlines_backend.py, llguidance_backend.py, xgrammar_backend.py) subclasses `MatcherGrammar` and
+implements the few `_`-prefixed hooks. The scheduler side (runtime/scheduler/output.py, speculative.py) calls:
     apply_grammar_masks(logits[B, V], [req.grammar or None ...])   # one int32 bitmask for the constrained rows
-    req.grammar.accept_token(tid); finished if req.grammar.is_terminated()
     plan = plan_jump_forward(req.grammar, req.output_ids, tok.token_bytes, encode)   # optional
     if plan: drop plan.rollback trailing tokens, append plan.new_ids, req.grammar.replace_tail(...)
 
-Invariants:
+Invariants of MatcherGrammar (besides the seam's):
 - `_tokens` holds the accepted non-EOS tokens in order; the backend matcher is always exactly at the state after
   them, so `rollback(n)` is exact for any n <= len(_tokens).
 - EOS ids never reach the backend matcher: an EOS is accepted here only in an accepting state (then the grammar
@@ -17,11 +16,13 @@ Invariants:
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+from runtime.constrained.seam import Grammar
 
 MAX_JUMP_BYTES = 512  # longest forced string one jump_forward() returns
 
@@ -52,8 +53,9 @@ class VocabInfo:
         return len(self.tokens)
 
 
-class Grammar(ABC):
-    """A request's position in one compiled constraint. `copy()` is a fresh grammar at the initial state."""
+class MatcherGrammar(Grammar):
+    """The seam's Grammar over one backend matcher: EOS handling, token history and rollback live here; a backend
+    implements the `_`-prefixed hooks, `is_accepting` and `copy`."""
 
     def __init__(self, eos_ids: frozenset[int], vocab_size: int) -> None:
         self.eos_ids = eos_ids
@@ -64,7 +66,7 @@ class Grammar(ABC):
     # ------------------------------------------------------------ backend hooks
 
     @abstractmethod
-    def copy(self) -> Grammar: ...
+    def copy(self) -> MatcherGrammar: ...
 
     @abstractmethod
     def _consume(self, token_id: int) -> bool:
@@ -91,11 +93,34 @@ class Grammar(ABC):
         """The backend's allowed-token bits into `row` (int32 [ceil(vocab_size / 32)], contiguous CPU)."""
 
     @classmethod
-    def fill_bitmasks(cls, grammars: Sequence[Grammar], bitmask: torch.Tensor) -> None:
+    def _fill_backend_rows(cls, grammars: Sequence[MatcherGrammar], bitmask: torch.Tensor) -> None:
         """Row k of `bitmask` (int32 [len(grammars), ceil(vocab_size / 32)], zeroed, contiguous CPU) = the
-        backend bits of grammars[k]. Backends with a batched API override this."""
+        backend bits of grammars[k] (none terminated). Backends with a batched API override this."""
         for k, g in enumerate(grammars):
             g._write_row(bitmask[k])
+
+    @classmethod
+    def fill_bitmasks(cls, grammars: Sequence[Grammar], bitmask: torch.Tensor) -> None:
+        """The backend's bits for the live grammars (one batched call where the backend has one), then EOS bits
+        set exactly in accepting states; a terminated grammar's row allows only EOS."""
+        gs: list[MatcherGrammar] = [g for g in grammars if isinstance(g, MatcherGrammar)]
+        assert len(gs) == len(grammars), "fill_bitmasks takes grammars of its own class"
+        bitmask.zero_()
+        live = [k for k, g in enumerate(gs) if not g._eos_accepted]
+        words = (gs[0].vocab_size + 31) // 32 if gs else 0
+        if len(live) == len(gs) and words == bitmask.shape[1] and bitmask.is_contiguous():
+            cls._fill_backend_rows(gs, bitmask)
+        elif live:
+            part = torch.zeros(len(live), words, dtype=torch.int32)
+            cls._fill_backend_rows([gs[k] for k in live], part)
+            bitmask[torch.tensor(live), :words] = part
+        for k, g in enumerate(gs):
+            accepting = g._eos_accepted or g.is_accepting()
+            for e in g.eos_ids:
+                if accepting:
+                    bitmask[k, e >> 5] |= _bit(e)
+                else:
+                    bitmask[k, e >> 5] &= ~_bit(e)
 
     # ------------------------------------------------------------ state
 
@@ -162,13 +187,6 @@ class Grammar(ABC):
     def can_accept(self, token_ids: Sequence[int]) -> bool:
         return self.can_accept_after_rollback(0, token_ids)
 
-    def replace_tail(self, rollback: int, new_ids: Sequence[int]) -> None:
-        """Jump-forward bookkeeping: drop `rollback` trailing tokens, then accept `new_ids` (all or nothing)."""
-        if not self.can_accept_after_rollback(rollback, new_ids):
-            raise ValueError("the grammar does not accept the jump-forward tokens")
-        self.rollback(rollback)
-        self.accept_tokens(new_ids)
-
     def advance_text(self, token_ids: Sequence[int]) -> None:
         """Back to the initial state, then accept all of `token_ids` (a request's final output ids)."""
         self.rollback(self.num_accepted)
@@ -182,7 +200,7 @@ class Grammar(ABC):
 
     def write_bitmask(self, row: torch.Tensor) -> None:
         """This grammar's allowed tokens into `row` (int32 [W], contiguous CPU, W*32 >= vocab_size)."""
-        _fill_rows([self], row.view(1, -1))
+        type(self).fill_bitmasks([self], row.view(1, -1))
 
     def fill_mask(self, mask_row: torch.Tensor) -> None:
         """Set `mask_row` (bool [V]) to the allowed tokens."""
@@ -237,16 +255,12 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab: int, allowed: bool = True) -> t
 
 
 def _fill_rows(grammars: Sequence[Grammar], bitmask: torch.Tensor) -> None:
-    """bitmask: int32 [len(grammars), W] (zeroed by this function). Rows are filled per backend class with its
-    batched API, then EOS bits are fixed up (set iff accepting, only EOS after termination). An object that is
-    not a `Grammar` but has the seam's `write_bitmask(row)` (the scheduler's test doubles) fills its own row."""
+    """bitmask: int32 [len(grammars), W] (zeroed by this function). Rows are filled per grammar class with its
+    `fill_bitmasks` (one batched call per backend)."""
     bitmask.zero_()
-    groups: dict[type, list[int]] = {}
+    groups: dict[type[Grammar], list[int]] = {}
     for k, g in enumerate(grammars):
-        if not isinstance(g, Grammar):
-            g.write_bitmask(bitmask[k])
-        elif not g._eos_accepted:
-            groups.setdefault(type(g), []).append(k)
+        groups.setdefault(type(g), []).append(k)
     for cls, ks in groups.items():
         words = (grammars[ks[0]].vocab_size + 31) // 32
         if words > bitmask.shape[1]:
@@ -257,17 +271,6 @@ def _fill_rows(grammars: Sequence[Grammar], bitmask: torch.Tensor) -> None:
             part = torch.zeros(len(ks), words, dtype=torch.int32)
             cls.fill_bitmasks([grammars[k] for k in ks], part)
             bitmask[torch.tensor(ks), :words] = part
-    for k, g in enumerate(grammars):
-        if not isinstance(g, Grammar):
-            continue
-        accepting = g._eos_accepted or g.is_accepting()
-        if g._eos_accepted:
-            bitmask[k].zero_()
-        for e in g.eos_ids:
-            if accepting:
-                bitmask[k, e >> 5] |= _bit(e)
-            else:
-                bitmask[k, e >> 5] &= ~_bit(e)
 
 
 def _constrained_bitmask(grammars: Sequence[Grammar | None], vocab_size: int) -> tuple[list[int], torch.Tensor]:
@@ -337,8 +340,6 @@ def plan_jump_forward(grammar: Grammar, output_ids: Sequence[int], token_bytes: 
     """Where the grammar forces text, re-tokenize the last <= `window` output tokens plus the forced text so the
     output is what the tokenizer would produce. Tokens shared with the old tail are kept (rollback counts only
     what changes). Returns None when nothing is forced or no re-tokenization is accepted by the grammar."""
-    if grammar.terminated:
-        return None
     forced = grammar.jump_forward()
     if not forced:
         return None

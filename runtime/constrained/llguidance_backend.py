@@ -26,7 +26,7 @@ import torch
 
 from runtime.config import GrammarConfig
 from runtime.constrained.errors import GrammarValidationError
-from runtime.constrained.grammar import Grammar, GrammarError, VocabInfo
+from runtime.constrained.grammar import GrammarError, MatcherGrammar, VocabInfo
 from runtime.constrained.json_caps import Caps
 from runtime.constrained.json_rules import bound_numbers, bound_runaway_values, parse_schema
 from runtime.constrained.schema import choices_regex
@@ -190,7 +190,7 @@ def compile_grammar(tokenizer: llg.LLTokenizer, kind: str, spec: str, cfg: Gramm
     return LLGuidanceCompiled(m, eos_ids, tokenizer.vocab_size)
 
 
-class LLGuidanceGrammar(Grammar):
+class LLGuidanceGrammar(MatcherGrammar):
     def __init__(self, compiled: LLGuidanceCompiled) -> None:
         super().__init__(compiled.eos_ids, compiled.vocab_size)
         self.compiled = compiled
@@ -220,7 +220,7 @@ class LLGuidanceGrammar(Grammar):
         self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
 
     @classmethod
-    def fill_bitmasks(cls, grammars: Sequence[Grammar], bitmask: torch.Tensor) -> None:
+    def _fill_backend_rows(cls, grammars: Sequence[MatcherGrammar], bitmask: torch.Tensor) -> None:
         """All rows in one call on llguidance's thread pool."""
         pairs = [(g.matcher, k) for k, g in enumerate(grammars)]  # type: ignore[attr-defined]
         _executor().unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0])

@@ -23,7 +23,7 @@ from outlines_core import Guide, Index
 
 from runtime.config import GrammarConfig
 from runtime.constrained.errors import GrammarValidationError
-from runtime.constrained.grammar import Grammar, GrammarError, VocabInfo
+from runtime.constrained.grammar import GrammarError, MatcherGrammar, VocabInfo
 from runtime.constrained.schema import validate_outlines
 
 WORKER_READY_TIMEOUT = 120.0  # seconds a fresh worker may take to import and build the vocabulary
@@ -72,7 +72,7 @@ class OutlinesCompiled:
         return OutlinesGrammar(self)
 
 
-class OutlinesGrammar(Grammar):
+class OutlinesGrammar(MatcherGrammar):
     """DFA state history: `_states[0]` is the initial state, `_states[i + 1]` the state after `_tokens[i]`."""
 
     def __init__(self, compiled: OutlinesCompiled) -> None:

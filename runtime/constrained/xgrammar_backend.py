@@ -27,7 +27,7 @@ import xgrammar as xgr
 
 from runtime.config import GrammarConfig
 from runtime.constrained.errors import GrammarValidationError
-from runtime.constrained.grammar import Grammar, GrammarError, VocabInfo, _bit
+from runtime.constrained.grammar import GrammarError, MatcherGrammar, VocabInfo, _bit
 from runtime.constrained.json_caps import Caps
 from runtime.constrained.json_rules import bound_runaway_values, check_keywords, parse_schema, subschemas
 from runtime.constrained.schema import choices_regex
@@ -216,7 +216,7 @@ def compile_grammar(compiler: xgr.GrammarCompiler, kind: str, spec: str, cfg: Gr
     return XGrammarCompiled(compiled, eos_ids, vocab_size)
 
 
-class XGrammarGrammar(Grammar):
+class XGrammarGrammar(MatcherGrammar):
     def __init__(self, compiled: XGrammarCompiled) -> None:
         super().__init__(compiled.eos_ids, compiled.vocab_size)
         self.compiled = compiled
@@ -251,7 +251,7 @@ class XGrammarGrammar(Grammar):
         self.matcher.fill_next_token_bitmask(row.view(1, -1), 0)
 
     @classmethod
-    def fill_bitmasks(cls, grammars: Sequence[Grammar], bitmask: torch.Tensor) -> None:
+    def _fill_backend_rows(cls, grammars: Sequence[MatcherGrammar], bitmask: torch.Tensor) -> None:
         if len(grammars) == 1:
             grammars[0]._write_row(bitmask[0])
             return

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from runtime.messages import BatchTextOut, BatchTokenOut, ReqTextOut, ReqTokenOut
+from runtime.messages import BatchTextOut, BatchTokenOut, FinishLength, FinishStop, ReqTextOut, ReqTokenOut
 
 DecodeFn = Callable[[list[int], bool, bool], str]  # (ids, skip_special_tokens, spaces_between_special_tokens)
 REPLACEMENT = "\ufffd"
@@ -66,8 +66,8 @@ class Detokenizer:
         st = self._states.pop(out.rid, None) or DecodeState()
         new_ids = out.new_ids
         fr = out.finish_reason
-        if (fr is not None and not out.no_stop_trim and new_ids and fr.get("type") in ("stop", "length")
-                and isinstance(fr.get("matched"), int) and new_ids[-1] == fr["matched"]):
+        if (isinstance(fr, FinishStop | FinishLength) and not out.no_stop_trim and new_ids
+                and isinstance(fr.matched, int) and new_ids[-1] == fr.matched):
             new_ids = new_ids[:-1]  # a matched stop token is not part of the text
         st.ids.extend(new_ids)
         flags = (out.skip_special_tokens, out.spaces_between_special_tokens)

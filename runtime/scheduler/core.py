@@ -15,34 +15,73 @@ Lengths of a request (all positions index `fill_ids = origin_input_ids + output_
 - `fill_len`:   len(fill_ids); fill_len - cached_len is what the next step computes.
 A running request's KV lags its tokens by one (the last sampled token is the next step's input), or by more
 after a jump-forward appended grammar-forced tokens (they ride in the next step as an extend row).
-Speculative drafts (`draft_ids`) are not tokens of the request: a verify row computes its last token plus the
-drafts (extend_len = 1 + len(draft_ids), so seq_len may pass fill_len during that step only); after the
+Speculative drafts (`spec.draft_ids`) are not tokens of the request: a verify row computes its last token plus the
+drafts (extend_len = 1 + len(spec.draft_ids), so seq_len may pass fill_len during that step only); after the
 forward the processor keeps the KV of the accepted ones and frees the rest (runtime/scheduler/speculative.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from runtime.constrained.closing import window
+from runtime.constrained.seam import CompileFuture, Grammar
 from runtime.executor.forward_batch import ForwardBatch
+from runtime.messages import FinishReason
 from runtime.sampling.params import SamplingParams
 
-__all__ = ["Batch", "Req", "SamplingParams", "finish_abort", "finish_length", "finish_stop"]
+__all__ = ["Batch", "GrammarState", "LogprobState", "Req", "SamplingParams", "SpecState"]
 
 
-def finish_length(n: int) -> dict[str, Any]:
-    return {"type": "length", "length": n}
+
+@dataclass(slots=True)
+class LogprobState:
+    """What a request asked for in logprobs, and those computed but not yet reported."""
+
+    wanted: bool = False  # return_logprob
+    start_len: int = -1  # prompt positions start_len.. get logprobs (-1: none)
+    top_num: int = 0  # top-k alternatives per position (0: none)
+    out: list[tuple[float, int]] = field(default_factory=list)  # (logprob, token) pending since the last report
+    out_top: list[list[tuple[float, int]]] = field(default_factory=list)
+    inputs: list[tuple[float | None, int]] = field(default_factory=list)  # prompt logprobs (first: None)
+    input_top: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    inputs_sent: bool = False  # prompt logprobs go out once, with the first report after the prefill
 
 
-def finish_stop(matched: str | int) -> dict[str, Any]:
-    return {"type": "stop", "matched": matched}
+@dataclass(slots=True)
+class GrammarState:
+    """A constrained request's bookkeeping around its grammar (runtime/constrained/seam.py)."""
+
+    future: CompileFuture | None = None  # the compile it waits on in the grammar queue
+    wait_since: float = 0.0  # when it entered the grammar queue (time.monotonic)
+    budget_closed: bool = False  # the closing window narrowed its choices (runtime/constrained/closing.py)
+    jump_tokens: int = 0  # tokens the last jump-forward appended (computed next step as an extend row)
 
 
-def finish_abort(message: str) -> dict[str, Any]:
-    return {"type": "abort", "message": message}
+@dataclass(slots=True)
+class SpecState:
+    """Speculative decoding state (runtime/scheduler/speculative.py).
+
+    `draft_ids`: this step's proposed tokens (empty outside a verify step); `draft_q`: the distributions they
+    were drawn from (float32 [len(draft_ids), V]; None: a deterministic proposal, one-hot); `draft_bitmask`: the
+    grammar's allowed-token bitmask per verify position (int32 [len(draft_ids) + 1, W]; None: unconstrained);
+    `prompt`: the n-gram proposer's cached prompt array. Adaptive pause (`pause_after_verify`): `accept_avg` is
+    the moving average of drafts accepted per verify step (meaningful once verify_ct > 0), `pause` the decode
+    steps left in which it proposes nothing, `pause_len` its latest pause (0: none since the average recovered).
+    """
+
+    draft_ids: list[int] = field(default_factory=list)
+    draft_q: torch.Tensor | None = None
+    draft_bitmask: torch.Tensor | None = None
+    prompt: Any = None
+    verify_ct: int = 0
+    accepted: int = 0  # drafts accepted over all verify steps
+    accept_avg: float = 0.0
+    pause: int = 0
+    pause_len: int = 0
 
 
 class Req:
@@ -57,9 +96,8 @@ class Req:
         self.sampling_params = params
         self.arrival = arrival  # arrival order, kept across retraction (fcfs and tie-breaks)
         self.seed = params.sampling_seed if params.sampling_seed is not None else 0  # set by the scheduler
-        self.return_logprob = return_logprob
-        self.logprob_start_len = logprob_start_len if return_logprob else -1
-        self.top_logprobs_num = top_logprobs_num if return_logprob else 0
+        self.logprobs = LogprobState(return_logprob, logprob_start_len if return_logprob else -1,
+                                     top_logprobs_num if return_logprob else 0)
         self.output_ids: list[int] = []
         # KV bookkeeping (see the module docstring); row is None while the request is not admitted.
         self.row: int | None = None
@@ -68,40 +106,17 @@ class Req:
         self.cached_len = 0
         self.extend_len = 0
         # Finishing and reporting.
-        self.finish_reason: dict[str, Any] | None = None
+        self.finish_reason: FinishReason | None = None
         self.stop_trim: str | None = None
         self.cached_tokens = 0  # prompt tokens served by the cache at first admission
         self.admitted = False  # admitted at least once (cached_tokens is then final)
         self.prefilled = False  # the first full prefill is done (prompt logprobs are then final)
         self.num_retractions = 0
         self.sent_len = 0  # output_ids[:sent_len] already reported
-        self.out_logprobs: list[tuple[float, int]] = []  # pending since the last report
-        self.out_top_logprobs: list[list[tuple[float, int]]] = []
-        self.in_logprobs: list[tuple[float | None, int]] = []
-        self.in_top_logprobs: list[list[tuple[float, int]] | None] = []
-        self.in_logprobs_sent = False
-        # Constrained decoding seam: `grammar` has fill_mask(mask_row), accept_token(id), is_terminated(), copy().
-        self.grammar: Any = None
-        self.grammar_future: Any = None
-        self.budget_closed = False  # the closing window narrowed its choices (runtime/constrained/closing.py)
-        self.grammar_wait_since = 0.0
-        self.jump_tokens = 0  # tokens the last jump-forward appended (computed next step as an extend row)
-        # Speculative decoding: this step's proposed tokens (empty outside a verify step), the distributions
-        # they were drawn from (float32 [len(draft_ids), V]; None: deterministic proposal, one-hot), the
-        # grammar's allowed-token bitmask per verify position (int32 [len(draft_ids) + 1, W]; None when
-        # unconstrained), the n-gram proposer's cached prompt array, and counters for meta_info.
-        self.draft_ids: list[int] = []
-        self.draft_q: Any = None
-        self.draft_bitmask: Any = None
-        self.spec_prompt: Any = None
-        self.spec_verify_ct = 0
-        self.spec_accepted = 0  # drafts accepted over all verify steps
-        # Adaptive pause (runtime/scheduler/speculative.py, `pause_after_verify`): the moving average of drafts
-        # accepted per verify step (meaningful once spec_verify_ct > 0), the decode steps left in which it
-        # proposes nothing, and the length of its latest pause (0: none since the average last recovered).
-        self.spec_accept_avg = 0.0
-        self.spec_pause = 0
-        self.spec_pause_len = 0
+        # Constrained decoding (runtime/constrained/seam.py): its own grammar state once compiled, and the rest.
+        self.grammar: Grammar | None = None
+        self.grammar_state = GrammarState()
+        self.spec = SpecState()
 
     # ---- lengths ----------------------------------------------------------------------------------------------
     @property
@@ -112,9 +127,9 @@ class Req:
     def step_ids(self) -> list[int]:
         """The tokens this step computes: fill_ids[cached_len : seq_len], the drafts standing in for the
         positions past fill_len in a verify row."""
-        if not self.draft_ids:
+        if not self.spec.draft_ids:
             return self.token_slice(self.cached_len, self.seq_len)
-        return self.token_slice(self.cached_len, self.seq_len - len(self.draft_ids)) + self.draft_ids
+        return self.token_slice(self.cached_len, self.seq_len - len(self.spec.draft_ids)) + self.spec.draft_ids
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """fill_ids[start:end] without building fill_ids (a decode row reads one token of a long sequence)."""
@@ -155,7 +170,7 @@ class Req:
 
     @property
     def wants_input_logprobs(self) -> bool:
-        return self.logprob_start_len >= 0 and not self.prefilled
+        return self.logprobs.start_len >= 0 and not self.prefilled
 
     @property
     def finished(self) -> bool:
@@ -166,7 +181,7 @@ class Req:
         next token), and prompt logprobs from `logprob_start_len` need their positions' logits computed."""
         cap = len(self.origin_input_ids) + len(self.output_ids) - 1
         if self.wants_input_logprobs:
-            cap = min(cap, max(self.logprob_start_len - 1, 0))
+            cap = min(cap, max(self.logprobs.start_len - 1, 0))
         return max(cap, 0)
 
     def __repr__(self) -> str:
@@ -215,12 +230,12 @@ class Batch:
     @property
     def extend_tokens(self) -> int:
         """New tokens of the extend rows (the step's prefill work; speculative verify rows excluded)."""
-        return sum(r.extend_len for r in self.reqs[self.num_decode :] if not r.draft_ids)
+        return sum(r.extend_len for r in self.reqs[self.num_decode :] if not r.spec.draft_ids)
 
     @property
     def draft_tokens(self) -> int:
         """Proposed tokens verified in this step."""
-        return sum(len(r.draft_ids) for r in self.reqs[self.num_decode :])
+        return sum(len(r.spec.draft_ids) for r in self.reqs[self.num_decode :])
 
     def forward_batch(self) -> ForwardBatch:
         """Immutable tensor view for the runner (the table rows were already written by the scheduler)."""

@@ -3,7 +3,7 @@
 length (`len(output_ids) >= max_new_tokens`) -> grammar terminated -> EOS / stop_token_ids (unless
 ignore_eos) -> stop strings and stop regexes on the decoded output tail. Nothing but length ends a request
 before `min_new_tokens` (the sampler also masks stop ids until then). A JSON answer whose last tokens the
-closing window narrowed (`req.budget_closed`, runtime/constrained/closing.py) finishes `length` when its grammar
+closing window narrowed (`req.grammar_state.budget_closed`, runtime/constrained/closing.py) finishes `length` when its grammar
 ends: the budget, not the model, ended it.
 
 Stop strings are matched on the decoded text of the last few output tokens (`tail_tokens`): a stop string
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import re
 
-from runtime.scheduler.core import Req, finish_length, finish_stop
+from runtime.messages import FinishLength, FinishStop
+from runtime.scheduler.core import Req
 
 REGEX_TAIL_TOKENS = 64  # decoded tail for stop_regex (its match length is unbounded)
 
@@ -31,21 +32,21 @@ def check_finished(req: Req, eos_ids: frozenset[int], decode_fn) -> None:
     p = req.sampling_params
     n = len(req.output_ids)
     if n >= p.max_new_tokens:
-        req.finish_reason = finish_length(p.max_new_tokens)
+        req.finish_reason = FinishLength(length=p.max_new_tokens)
         return
     last = req.output_ids[-1]
     if req.grammar is not None and req.grammar.is_terminated():
         # Ended on EOS: a matched stop token (the detokenizer trims it). Ended because the grammar admits no
         # continuation: the last token is content, so nothing is "matched" and it stays in the text.
-        req.finish_reason = finish_stop(last) if last in eos_ids else {"type": "stop", "matched": None}
-        if req.budget_closed:  # the budget, not the model, ended the document: report it (constrained/closing.py);
+        req.finish_reason = FinishStop(matched=last if last in eos_ids else None)
+        if req.grammar_state.budget_closed:  # the budget, not the model, ended the document: report it (constrained/closing.py);
             # an ending EOS stays "matched" so the detokenizer still trims it
-            req.finish_reason = finish_length(p.max_new_tokens) | ({"matched": last} if last in eos_ids else {})
+            req.finish_reason = FinishLength(length=p.max_new_tokens, matched=last if last in eos_ids else None)
         return
     if n < p.min_new_tokens:
         return
     if not p.ignore_eos and (last in eos_ids or last in p.stop_token_ids):
-        req.finish_reason = finish_stop(last)
+        req.finish_reason = FinishStop(matched=last)
         return
     k = tail_tokens(req)
     if not k or decode_fn is None:
@@ -53,10 +54,10 @@ def check_finished(req: Req, eos_ids: frozenset[int], decode_fn) -> None:
     tail = decode_fn(req.output_ids[-k:])
     for s in p.stop:
         if s in tail:
-            req.finish_reason, req.stop_trim = finish_stop(s), s
+            req.finish_reason, req.stop_trim = FinishStop(matched=s), s
             return
     for pattern in p.stop_regex:
         m = re.search(pattern, tail)
         if m is not None:
-            req.finish_reason, req.stop_trim = finish_stop(m.group(0)), m.group(0)
+            req.finish_reason, req.stop_trim = FinishStop(matched=m.group(0)), m.group(0)
             return

@@ -7,8 +7,8 @@ chunk (its prompt logprobs; it samples once the prompt is complete) or a running
 extend (samples its last row). Extend rows normally entered the tree while planning (same-step sharing);
 one that did not (`tree_len < cached_len`, e.g. `n > 1` copies) enters it here (`cache_unfinished`).
 
-Speculative verify rows (`req.draft_ids` set) are handed to the Speculator (runtime/scheduler/speculative.py),
-which appends their emitted tokens through `_accept` and frees their rejected draft slots.
+Speculative verify rows (`req.spec.draft_ids` set) are handed to the Speculator (runtime/scheduler/speculative.py),
+which appends their emitted tokens through `append_token` (its `TokenSink`) and frees their rejected draft slots.
 
 Logprobs are log_softmax of the model's raw logits (before penalties, bias, grammar mask and temperature),
 the same distribution for prompt and output positions.
@@ -16,13 +16,13 @@ the same distribution for prompt and output positions.
 Grammar: one packed bitmask for the constrained rows only (`apply_grammar_masks`) is applied to the sampled
 rows' logits; a batch without grammars pays one list scan. A grammar that rejects a token aborts only that
 request. Jump-forward (unless disabled): after a token, text the grammar forces is tokenized and appended at
-once (`req.jump_tokens` = how many), re-tokenized together with the token sampled this step; the scheduler then
+once (`req.grammar_state.jump_tokens` = how many), re-tokenized together with the token sampled this step; the scheduler then
 computes the appended tokens in the next step as an extend row next to the decode rows. Nothing already
 streamed or already in the KV pool is ever replaced, so the client's token stream never needs correcting.
 
-Isolation: any other exception while processing one request's sampled token (a bug, or the testing-only
-failpoint RADIXGEN_FAULT_INJECT_RID) aborts only that request ("internal error while processing request:
-..."), logged with its traceback; the scheduler frees it through the normal finish path.
+Isolation: any other exception while processing one request's sampled token (a bug; tests inject one through
+`append_token`) aborts only that request ("internal error while processing request: ..."), logged with its
+traceback; the scheduler frees it through the normal finish path.
 """
 
 from __future__ import annotations
@@ -32,12 +32,14 @@ from collections.abc import Callable
 
 import torch
 
+from runtime.config import Config
 from runtime.constrained.closing import Closers, in_string
 from runtime.constrained.grammar import apply_grammar_masks, plan_jump_forward
 from runtime.executor.staging import to_device
+from runtime.messages import FinishAbort, FinishLength
 from runtime.sampling import SamplingInfo, compute_logprobs, sample, top_logprobs
 from runtime.scheduler.cache import KVManager
-from runtime.scheduler.core import Batch, Req, finish_abort, finish_length
+from runtime.scheduler.core import Batch, Req
 from runtime.scheduler.finish import check_finished
 from runtime.scheduler.speculative import Speculator
 
@@ -58,22 +60,23 @@ def _rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
 
 
 class ResultProcessor:
-    def __init__(self, kv: KVManager, vocab_size: int, eos_ids: frozenset[int], decode_fn, default_seed: int,
-                 jump_encode: Callable[[str], list[int]] | None = None,
-                 token_bytes: Callable[[int], bytes] | None = None, fault_rid: str | None = None,
-                 fault_at: int = 1, spec: Speculator | None = None, close_reserve: int = 0):
+    """Turns a step's logits into tokens; the Speculator's `TokenSink` (`append_token`)."""
+
+    def __init__(self, kv: KVManager, vocab_size: int, eos_ids: frozenset[int], cfg: Config,
+                 decode_fn: Callable[[list[int]], str] | None = None,
+                 encode_fn: Callable[[str], list[int]] | None = None,
+                 token_bytes: Callable[[int], bytes] | None = None, spec: Speculator | None = None) -> None:
         self.kv = kv
-        self.close_reserve = close_reserve  # JSON requests close in their last tokens (constrained/closing.py)
+        self.close_reserve = cfg.grammar.json_close_reserve  # JSON requests close in their last tokens (closing.py)
         self._closers: Closers | None = None  # built on first use (one pass over the vocabulary)
         self.spec = spec  # verifies speculative rows (runtime/scheduler/speculative.py); None: speculation off
-        self.fault_rid = fault_rid  # testing-only failpoint (RADIXGEN_FAULT_INJECT_RID); None: off
-        self.fault_at = fault_at
-        self.jump_encode = jump_encode  # None: jump-forward off (disabled, or no tokenizer)
+        # encode_fn(text) -> ids, no specials; None: jump-forward off (disabled, or no tokenizer)
+        self.jump_encode = None if cfg.grammar.disable_jump_forward else encode_fn
         self.token_bytes = token_bytes  # None: no boundary re-tokenization (forced text tokenized alone)
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
         self.decode_fn = decode_fn
-        self.default_seed = default_seed
+        self.default_seed = cfg.model.random_seed
 
     def process(self, batch: Batch, logits: torch.Tensor) -> list[Req]:
         """Update every request of `batch`; return those that produced a token or finished this step."""
@@ -83,7 +86,7 @@ class ResultProcessor:
         verify: list[tuple[Req, int]] = []
         for b, req in enumerate(batch.reqs):
             start, count = batch.logit_rows[b]
-            if req.draft_ids:  # a speculative verify row: logits rows [start, start + count), count = 1 + k
+            if req.spec.draft_ids:  # a speculative verify row: logits rows [start, start + count), count = 1 + k
                 verify.append((req, start))
                 continue
             old_cached = req.cached_len
@@ -105,7 +108,7 @@ class ResultProcessor:
                 continue
             req.prefilled = True
             if req.remaining_new_tokens == 0:
-                req.finish_reason = finish_length(0)
+                req.finish_reason = FinishLength(length=0)
                 done.append(req)
             else:
                 samplers.append(req)
@@ -120,19 +123,19 @@ class ResultProcessor:
     def _prompt_logprobs(self, req: Req, old_cached: int, offs: list[int], lg: torch.Tensor) -> None:
         """Append logprobs of prompt tokens scored by this chunk's logits (offs[i] -> position old_cached+offs[i])."""
         ids = req.origin_input_ids
-        start = req.logprob_start_len
+        start = req.logprobs.start_len
         if start == 0 and old_cached == 0:
-            req.in_logprobs.append((None, ids[0]))
-            req.in_top_logprobs.append(None)
+            req.logprobs.inputs.append((None, ids[0]))
+            req.logprobs.input_top.append(None)
         keep = [i for i, o in enumerate(offs) if max(start - 1, 0) <= old_cached + o < len(ids) - 1]
         if not keep:
             return
         lp = compute_logprobs(lg[keep])
         targets = [ids[old_cached + offs[i] + 1] for i in keep]
         chosen = lp.gather(-1, torch.tensor(targets, device=lp.device)[:, None]).squeeze(-1).tolist()
-        req.in_logprobs.extend(zip(chosen, targets, strict=True))
-        if req.top_logprobs_num:
-            req.in_top_logprobs.extend(_top(lp, req.top_logprobs_num))
+        req.logprobs.inputs.extend(zip(chosen, targets, strict=True))
+        if req.logprobs.top_num:
+            req.logprobs.input_top.extend(_top(lp, req.logprobs.top_num))
 
     def _sample(self, reqs: list[Req], logits: torch.Tensor) -> None:
         """Sample one token per request from its logits row [B, V], append it, check finishes."""
@@ -148,7 +151,7 @@ class ResultProcessor:
             device=logits.device,
             seeds=[r.seed for r in reqs],
         )
-        want = [b for b, r in enumerate(reqs) if r.return_logprob]
+        want = [b for b, r in enumerate(reqs) if r.logprobs.wanted]
         lp = compute_logprobs(_rows(logits, want)) if want else None  # raw logits: before the grammar mask
         grammars = [r.grammar for r in reqs]
         if any(g is not None for g in grammars):
@@ -158,11 +161,11 @@ class ResultProcessor:
         next_ids = sample(logits, info).next_ids.tolist()
         for b, (req, tok) in enumerate(zip(reqs, next_ids, strict=True)):
             try:
-                self._accept(req, tok, lp[want.index(b)] if lp is not None and req.return_logprob else None)
+                self.append_token(req, tok, lp[want.index(b)] if lp is not None and req.logprobs.wanted else None)
             except Exception as e:  # an error in one request's processing aborts that request only
                 log.exception("internal error while processing request %s", req.rid)
                 why = f"internal error while processing request: {type(e).__name__}: {e}"
-                req.finish_reason = finish_abort(why)
+                req.finish_reason = FinishAbort(message=why)
 
     def _close(self, reqs: list[Req], logits: torch.Tensor) -> None:
         """Rows of JSON requests in the last tokens of their budget keep only closing tokens where their grammar
@@ -177,28 +180,26 @@ class ResultProcessor:
         tb = self.token_bytes
         inside = [in_string(b"".join(tb(t) for t in reqs[b].output_ids)) for b in rows]
         for b, narrowed in zip(rows, self._closers.restrict(logits, rows, inside), strict=True):
-            reqs[b].budget_closed |= narrowed
+            reqs[b].grammar_state.budget_closed |= narrowed
 
-    def _accept(self, req: Req, tok: int, lp_row: torch.Tensor | None, jump: bool = True) -> None:
+    def append_token(self, req: Req, tok: int, lp_row: torch.Tensor | None, jump: bool = True) -> None:
         """Append the sampled `tok` to `req` (with its logprobs from `lp_row` [V]), advance its grammar, check
         finishes, jump forward (unless `jump` is False: a speculative step's tokens before its last). Raising
         here aborts `req` only (the normal finish path frees it); the token is appended before anything
         can raise."""
         req.output_ids.append(tok)
         if lp_row is not None:
-            req.out_logprobs.append((float(lp_row[tok]), tok))
-            if req.top_logprobs_num:
-                req.out_top_logprobs.extend(_top(lp_row[None], req.top_logprobs_num))
-        if req.rid == self.fault_rid and len(req.output_ids) >= self.fault_at:
-            raise RuntimeError(f"injected fault (RADIXGEN_FAULT_INJECT_RID) at token {len(req.output_ids)}")
+            req.logprobs.out.append((float(lp_row[tok]), tok))
+            if req.logprobs.top_num:
+                req.logprobs.out_top.extend(_top(lp_row[None], req.logprobs.top_num))
         if req.grammar is not None:
             try:
                 req.grammar.accept_token(tok)
             except Exception as e:  # a broken grammar state ends this request only
-                req.finish_reason = finish_abort(f"grammar rejected sampled token {tok}: {e}")
+                req.finish_reason = FinishAbort(message=f"grammar rejected sampled token {tok}: {e}")
                 return
         check_finished(req, self.eos_ids, self.decode_fn)
-        if jump and req.grammar is not None and not req.finished and self.jump_encode and not req.return_logprob:
+        if jump and req.grammar is not None and not req.finished and self.jump_encode and not req.logprobs.wanted:
             self._jump_forward(req)
 
     def _jump_forward(self, req: Req) -> None:
@@ -224,5 +225,5 @@ class ResultProcessor:
         if plan.rollback:
             del req.output_ids[-plan.rollback :]
         req.output_ids.extend(ids)
-        req.jump_tokens = len(ids)
+        req.grammar_state.jump_tokens = len(ids)
         check_finished(req, self.eos_ids, self.decode_fn)

@@ -55,7 +55,7 @@ def logit_offsets(req: Req, n: int) -> list[int]:
     offs = {n - 1}
     if req.wants_input_logprobs:
         # logits at position j score token j + 1; prompt tokens from max(start, 1) are scored.
-        lo = max(req.logprob_start_len - 1, 0, req.cached_len)
+        lo = max(req.logprobs.start_len - 1, 0, req.cached_len)
         hi = min(req.prompt_len - 1, req.cached_len + n)  # exclusive
         offs.update(j - req.cached_len for j in range(lo, hi))
     return sorted(offs)

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import zmq
 
@@ -28,6 +28,8 @@ from runtime.config import Config
 from runtime.ipc import Endpoints, Receiver, Sender
 from runtime.messages import (
     BatchTokenOut,
+    FinishAbort,
+    FlushCacheOut,
     InternalStateOut,
     ModelInfo,
     ReqTokenOut,
@@ -38,15 +40,53 @@ from runtime.messages import (
     ToTokenizer,
 )
 
+if TYPE_CHECKING:
+    import torch
+
+    from runtime.constrained.seam import BaseGrammarBackend
+    from runtime.scheduler.scheduler import Scheduler
+
 logger = logging.getLogger(__name__)
 DEFAULT_SCHEDULER_FACTORY = "runtime.scheduler.process:create_scheduler"
+BatchT = TypeVar("BatchT")
+
+
+class LoopScheduler(Protocol[BatchT]):
+    """What SchedulerLoop drives: the real Scheduler, or a test's fake (tests/server/fake_scheduler.py).
+    `BatchT` is the scheduler's own step batch, opaque to the loop."""
+
+    cfg: Config
+    grammar_backend: BaseGrammarBackend | None
+    last_forward: tuple[bool, float] | None  # (decode only, forward seconds) of the last step; the loop clears it
+
+    def handle(self, msg: ToScheduler) -> FlushCacheOut | InternalStateOut | None:
+        """Take one message; a control message's reply goes back to the TokenizerManager."""
+        ...
+
+    def has_work(self) -> bool: ...
+
+    def step(self) -> list[ReqTokenOut]:
+        """One iteration: plan, forward, process; the outputs of every request that progressed or finished."""
+        ...
+
+    def begin_step(self) -> BatchT | None:
+        """`step` split for the overlap schedule: plan (None: nothing to run) ..."""
+        ...
+
+    def forward(self, batch: BatchT) -> torch.Tensor | None:
+        """... the forward (on the loop's worker thread) ..."""
+        ...
+
+    def end_step(self, batch: BatchT | None, logits: torch.Tensor | None) -> list[ReqTokenOut]:
+        """... and processing its result."""
+        ...
 
 
 def run_scheduler_process(spec: dict) -> None:
     start_child(spec, "scheduler", _build_scheduler_loop)
 
 
-def create_scheduler(cfg: Config) -> tuple[Any, ModelInfo]:
+def create_scheduler(cfg: Config) -> tuple[Scheduler, ModelInfo]:
     """The real scheduler over the model runner (cfg already resolved by the parent); returns it and what
     the parent needs to know."""
     from runtime.executor.model_runner import create_model_runner
@@ -78,7 +118,7 @@ def _grammar_backend(cfg: Config, tok: Any) -> Any:
     return create_grammar_backend(cfg, tok)
 
 
-def _load_factory(path: str) -> Callable[[Config], tuple[Any, ModelInfo]]:
+def _load_factory(path: str) -> Callable[[Config], tuple[LoopScheduler[Any], ModelInfo]]:
     module, _, func = path.partition(":")
     return getattr(importlib.import_module(module), func)
 
@@ -86,13 +126,12 @@ def _load_factory(path: str) -> Callable[[Config], tuple[Any, ModelInfo]]:
 class SchedulerLoop:
     """receive -> handle -> step -> send, forever (until ShutdownReq)."""
 
-    def __init__(self, scheduler: Any, model: ModelInfo, ctx: zmq.Context, ep: Endpoints) -> None:
+    def __init__(self, scheduler: LoopScheduler[Any], model: ModelInfo, ctx: zmq.Context, ep: Endpoints) -> None:
         self.scheduler, self.model = scheduler, model
         self._recv = Receiver(ctx, ep.scheduler, ToScheduler)
         self._to_detok = Sender(ctx, ep.detokenizer, ToDetokenizer)
         self._to_tm = Sender(ctx, ep.tokenizer, ToTokenizer)
-        cfg = getattr(scheduler, "cfg", None)
-        overlap = cfg is not None and cfg.scheduler.enable_overlap_schedule
+        overlap = scheduler.cfg.scheduler.enable_overlap_schedule
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="forward") if overlap else None
         self._later: list[Any] = []  # messages received during a forward, handled after it
         self.timer = StepTimer()
@@ -121,7 +160,7 @@ class SchedulerLoop:
             if outs:
                 self._to_detok.send(BatchTokenOut(outs=outs))
             idle_wait = not outs
-            fwd, s.last_forward = getattr(s, "last_forward", None), None
+            fwd, s.last_forward = s.last_forward, None
             if fwd is not None and fwd[0]:
                 self.timer.add(time.perf_counter() - t0, fwd[1])
 
@@ -147,7 +186,7 @@ class SchedulerLoop:
             if not isinstance(msg, TokenizedGenerateReq):
                 raise
             logger.exception("request %s failed", msg.rid)
-            fr = {"type": "abort", "message": f"internal error: {type(e).__name__}: {e}"}
+            fr = FinishAbort(message=f"internal error: {type(e).__name__}: {e}")
             self._to_detok.send(BatchTokenOut(outs=[ReqTokenOut(rid=msg.rid, new_ids=[], finish_reason=fr)]))
             return
         if isinstance(reply, InternalStateOut):
@@ -157,10 +196,9 @@ class SchedulerLoop:
 
     def _grammar_state(self) -> dict[str, Any]:
         """Grammar compile counters under SGLang's metric names (none without a grammar backend)."""
-        stats = getattr(getattr(self.scheduler, "grammar_backend", None), "stats", None)
-        if stats is None:
+        if self.scheduler.grammar_backend is None:
             return {}
-        g = stats()
+        g = self.scheduler.grammar_backend.stats()
         return {"num_grammar_total": g.get("compile_count", 0) + g.get("cache_hits", 0),
                 "num_grammar_cache_hit_total": g.get("cache_hits", 0),
                 "num_grammar_timeout_total": g.get("timeouts", 0),

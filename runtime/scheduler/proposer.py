@@ -58,9 +58,9 @@ class NgramProposer:
     def propose(self, reqs: list[Req], ks: list[int]) -> list[Proposal]:
         out = []
         for req, k in zip(reqs, ks, strict=True):
-            if req.spec_prompt is None:
-                req.spec_prompt = np.asarray(req.origin_input_ids, dtype=np.int64)
-            tokens = np.concatenate([req.spec_prompt, np.asarray(req.output_ids, dtype=np.int64)])
+            if req.spec.prompt is None:
+                req.spec.prompt = np.asarray(req.origin_input_ids, dtype=np.int64)
+            tokens = np.concatenate([req.spec.prompt, np.asarray(req.output_ids, dtype=np.int64)])
             out.append(Proposal(propose_ngram(tokens, k, self.min_n, self.max_n)))
         return out
 

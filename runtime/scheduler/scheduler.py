@@ -23,17 +23,17 @@ import logging
 import time
 import zlib
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any, Protocol
 
 import torch
 
 from runtime.config import Config, resolve
-from runtime.env import load_env
+from runtime.constrained.seam import BaseGrammarBackend
 from runtime.executor.forward_batch import ForwardBatch
 from runtime.executor.memory import ReqToTokenTable, SlotAllocator
 from runtime.messages import (
     AbortReq,
+    FinishAbort,
     FlushCacheOut,
     FlushCacheReq,
     GetInternalStateReq,
@@ -44,7 +44,7 @@ from runtime.messages import (
 from runtime.sampling import mix_seed
 from runtime.sampling.params import SamplingParams
 from runtime.scheduler.cache import KVManager
-from runtime.scheduler.core import Batch, Req, finish_abort
+from runtime.scheduler.core import Batch, Req
 from runtime.scheduler.decode import DecodePlan, plan_decode, retract_ratio
 from runtime.scheduler.draft import DraftRunner
 from runtime.scheduler.output import ResultProcessor
@@ -72,15 +72,6 @@ class Runner(Protocol):
         ...
 
 
-class GrammarBackend(Protocol):
-    """Seam for constrained decoding. `get_future(params)` returns None for an unconstrained request, else a
-    Future resolving to a compiled grammar whose `copy()` is a fresh per-request matcher with
-    `write_bitmask(row: int32 [ceil(V / 32)])`, `accept_token(id)`, `is_terminated()` (and, for
-    jump-forward, the `runtime.constrained.Grammar` API). A failed compile raises."""
-
-    def get_future(self, params: SamplingParams) -> Future | None: ...
-
-
 def _is_constrained(p: SamplingParams) -> bool:
     return any(x is not None for x in p.constraints)
 
@@ -88,26 +79,19 @@ def _is_constrained(p: SamplingParams) -> bool:
 class Scheduler:
     def __init__(
         self, runner: Runner, allocator: SlotAllocator, table: ReqToTokenTable, cfg: Config,
-        eos_ids: frozenset[int], decode_fn: Callable[[list[int]], str] | None = None, grammar_backend=None,
+        eos_ids: frozenset[int], decode_fn: Callable[[list[int]], str] | None = None,
+        grammar_backend: BaseGrammarBackend | None = None,
         encode_fn: Callable[[str], list[int]] | None = None, token_bytes_fn: Callable[[int], bytes] | None = None,
         draft_runner: DraftRunner | None = None,
     ) -> None:
         self.cfg = cfg = resolve(cfg)
         self.runner = runner
-        self.grammar_backend: GrammarBackend | None = grammar_backend
+        self.grammar_backend = grammar_backend
         self.kv = KVManager(allocator, table, use_tree=not cfg.cache.disable_radix_cache)
-        jump = None if cfg.grammar.disable_jump_forward else encode_fn  # encode_fn(text) -> ids, no specials
         self.spec = (create_speculator(cfg, self.kv, frozenset(eos_ids), runner.vocab_size, draft_runner)
                      if speculation_on(cfg.speculative) else None)
-        env = load_env()
-        if env.fault_inject_rid is not None:
-            log.warning("fault injection on: request %r raises at output token %d (testing only)",
-                        env.fault_inject_rid, env.fault_inject_at_token)
-        self.processor = ResultProcessor(self.kv, runner.vocab_size, frozenset(eos_ids), decode_fn,
-                                         cfg.model.random_seed, jump_encode=jump,
-                                         token_bytes=token_bytes_fn, fault_rid=env.fault_inject_rid,
-                                         fault_at=env.fault_inject_at_token, spec=self.spec,
-                                         close_reserve=cfg.grammar.json_close_reserve)
+        self.processor = ResultProcessor(self.kv, runner.vocab_size, frozenset(eos_ids), cfg, decode_fn,
+                                         encode_fn, token_bytes_fn, self.spec)
         self.policy = cfg.scheduler.schedule_policy
         self.mixed = not cfg.scheduler.disable_mixed_steps
         self.grammar_queue: list[Req] = []
@@ -155,7 +139,7 @@ class Scheduler:
                 return self._finish_abort(req, "constrained decoding is disabled (no grammar backend)")
             fut = self.grammar_backend.get_future(p)
             if fut is not None:
-                req.grammar_future, req.grammar_wait_since = fut, time.monotonic()
+                req.grammar_state.future, req.grammar_state.wait_since = fut, time.monotonic()
                 self.grammar_queue.append(req)
                 return None
         self.waiting.append(req)
@@ -169,7 +153,7 @@ class Scheduler:
 
         for req in [r for r in self.grammar_queue if hit(r)]:
             self.grammar_queue.remove(req)
-            req.grammar_future.cancel()
+            req.grammar_state.future.cancel()
             self._finish_abort(req, message)
         for req in [r for r in self.waiting if hit(r)]:
             self.waiting.remove(req)
@@ -241,7 +225,7 @@ class Scheduler:
             return None
         # a verify row (speculative drafts) wants the logits of every position, other extend rows the last
         offsets = ([[0]] * len(dplan.decode)
-                   + [list(range(r.extend_len)) if r.draft_ids else [r.extend_len - 1] for r in dplan.extend]
+                   + [list(range(r.extend_len)) if r.spec.draft_ids else [r.extend_len - 1] for r in dplan.extend]
                    + pplan.offsets)
         return Batch(reqs, len(dplan.decode), torch.cat(dplan.slots + pplan.slots), offsets)
 
@@ -284,11 +268,11 @@ class Scheduler:
             self.kv.release(req)
             self._emit(req)
             return
-        jumped = req.jump_tokens
+        jumped = req.grammar_state.jump_tokens
         if jumped:
             # Jump-forward appended tokens without KV: the request stays running and computes them in the
             # next step as an extend row (decode.py), together with everyone else's decode rows.
-            req.jump_tokens = 0
+            req.grammar_state.jump_tokens = 0
             self.stats["jump_forward_steps"] += 1
             self.stats["jump_forward_tokens"] += jumped
         if not was_running:
@@ -318,7 +302,7 @@ class Scheduler:
     def _poll_grammars(self) -> None:
         timeout = self.cfg.grammar.grammar_compile_timeout
         for req in list(self.grammar_queue):
-            fut = req.grammar_future
+            fut = req.grammar_state.future
             if fut.done():
                 self.grammar_queue.remove(req)
                 try:
@@ -331,14 +315,14 @@ class Scheduler:
                     continue
                 req.grammar = compiled.copy()
                 self.waiting.append(req)
-            elif time.monotonic() - req.grammar_wait_since > timeout:
+            elif time.monotonic() - req.grammar_state.wait_since > timeout:
                 self.grammar_queue.remove(req)
                 fut.cancel()
                 self._finish_abort(req, f"grammar compilation timed out after {timeout:g} s")
 
     # ---- output -----------------------------------------------------------------------------------------------
     def _finish_abort(self, req: Req, message: str) -> None:
-        req.finish_reason = finish_abort(message)
+        req.finish_reason = FinishAbort(message=message)
         self._emit(req)
 
     def _emit(self, req: Req) -> None:
@@ -350,17 +334,17 @@ class Scheduler:
             completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens,
             num_retractions=req.num_retractions, skip_special_tokens=p.skip_special_tokens,
             spaces_between_special_tokens=p.spaces_between_special_tokens, no_stop_trim=p.no_stop_trim,
-            stop_trim=req.stop_trim, spec_verify_ct=req.spec_verify_ct, spec_accepted_tokens=req.spec_accepted,
+            stop_trim=req.stop_trim, spec_verify_ct=req.spec.verify_ct, spec_accepted_tokens=req.spec.accepted,
         )
-        if req.return_logprob:
-            out.output_logprobs, req.out_logprobs = req.out_logprobs, []
-            if req.top_logprobs_num:
-                out.output_top_logprobs, req.out_top_logprobs = req.out_top_logprobs, []
-            if req.logprob_start_len >= 0 and req.prefilled and not req.in_logprobs_sent:
-                req.in_logprobs_sent = True
-                out.input_logprobs = req.in_logprobs
-                if req.top_logprobs_num:
-                    out.input_top_logprobs = req.in_top_logprobs
+        if req.logprobs.wanted:
+            out.output_logprobs, req.logprobs.out = req.logprobs.out, []
+            if req.logprobs.top_num:
+                out.output_top_logprobs, req.logprobs.out_top = req.logprobs.out_top, []
+            if req.logprobs.start_len >= 0 and req.prefilled and not req.logprobs.inputs_sent:
+                req.logprobs.inputs_sent = True
+                out.input_logprobs = req.logprobs.inputs
+                if req.logprobs.top_num:
+                    out.input_top_logprobs = req.logprobs.input_top
         self._outs.append(out)
 
     def _count(self, batch: Batch) -> None:

@@ -33,7 +33,7 @@ anything behind, so abort, retraction and finish see the same state as after a p
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -41,9 +41,10 @@ import torch
 from runtime.config import Config, SpeculativeConfig
 from runtime.constrained.grammar import unpack_bitmask
 from runtime.executor.staging import to_device
+from runtime.messages import FinishAbort
 from runtime.sampling import SamplingInfo, compute_logprobs, greedy_ids, process_logits, target_probs
 from runtime.scheduler.cache import KVManager
-from runtime.scheduler.core import Req, finish_abort
+from runtime.scheduler.core import Req
 from runtime.scheduler.decode import DecodePlan
 from runtime.scheduler.draft import DraftProposer, DraftRunner
 from runtime.scheduler.proposer import NgramProposer, Proposal, Proposer
@@ -72,26 +73,38 @@ def create_speculator(cfg: Config, kv: KVManager, eos_ids: frozenset[int], vocab
                       cfg.grammar.json_close_reserve)
 
 
-PAUSE_AVG_WEIGHT = 0.5  # weight of the newest verify step in Req.spec_accept_avg
+PAUSE_AVG_WEIGHT = 0.5  # weight of the newest verify step in Req.spec.accept_avg
 PAUSE_MAX_FACTOR = 8  # consecutive pauses double up to this many times --speculative-pause-steps
 
 
 def pause_after_verify(req: Req, accepted: int, min_accept: float, pause_steps: int) -> bool:
-    """Fold one verify step's `accepted` drafts into req.spec_accept_avg (req.spec_verify_ct already counts
+    """Fold one verify step's `accepted` drafts into req.spec.accept_avg (req.spec.verify_ct already counts
     the step; its first step sets the average). Average below `min_accept` (> 0): pause for `pause_steps`
     decode steps, or twice the previous pause (at most PAUSE_MAX_FACTOR x) when the average has not recovered
     since it; returns True. Otherwise the next pause starts again at `pause_steps`."""
     w = PAUSE_AVG_WEIGHT
-    first = req.spec_verify_ct == 1
-    req.spec_accept_avg = float(accepted) if first else w * accepted + (1 - w) * req.spec_accept_avg
-    if min_accept > 0 and req.spec_accept_avg < min_accept:
-        prev = req.spec_pause_len
-        req.spec_pause_len = min(2 * prev, PAUSE_MAX_FACTOR * pause_steps) if prev else pause_steps
-        req.spec_pause = req.spec_pause_len
+    first = req.spec.verify_ct == 1
+    req.spec.accept_avg = float(accepted) if first else w * accepted + (1 - w) * req.spec.accept_avg
+    if min_accept > 0 and req.spec.accept_avg < min_accept:
+        prev = req.spec.pause_len
+        req.spec.pause_len = min(2 * prev, PAUSE_MAX_FACTOR * pause_steps) if prev else pause_steps
+        req.spec.pause = req.spec.pause_len
         return True
-    req.spec_pause_len = 0
+    req.spec.pause_len = 0
     return False
 
+
+
+class TokenSink(Protocol):
+    """Where a verify step's emitted tokens go: the ResultProcessor (runtime/scheduler/output.py)."""
+
+    default_seed: int  # the seed of requests without their own (--random-seed)
+
+    def append_token(self, req: Req, tok: int, lp_row: torch.Tensor | None, jump: bool = True) -> None:
+        """Append `tok` to `req` as a sampled token (logprobs from `lp_row` [V]), advance its grammar, check
+        finishes, jump forward only where `jump`. The token is appended before anything can raise; raising
+        aborts `req` only."""
+        ...
 
 class Speculator:
     """Proposes drafts for decode rows and verifies them after the forward; counts what it did."""
@@ -116,8 +129,8 @@ class Speculator:
         nd = len(dplan.decode)
         asks: list[tuple[Req, int]] = []
         for req in dplan.decode:
-            if req.spec_pause > 0:  # a paused request decodes plainly; this step counts off its pause
-                req.spec_pause -= 1
+            if req.spec.pause > 0:  # a paused request decodes plainly; this step counts off its pause
+                req.spec.pause -= 1
                 self.stats["spec_paused_steps"] += 1
             elif (k := self._budget(req)) > 0:
                 asks.append((req, k))
@@ -130,14 +143,14 @@ class Speculator:
             drafts, q = self._cut(req, prop) if prop is not None else ([], None)
             extra = self.kv.alloc(len(drafts)) if drafts else None
             if extra is None:
-                req.draft_bitmask = None
+                req.spec.draft_bitmask = None
                 if prop is not None:
                     self.proposer.settle(req)
                 keep.append((req, slot))
                 continue
             # row positions: cached_len = last token (slot), cached_len + i = draft d_i (extra[i - 1])
             self.kv.table.write(req.row, req.cached_len + 1, extra)
-            req.draft_ids, req.draft_q = drafts, q
+            req.spec.draft_ids, req.spec.draft_q = drafts, q
             req.extend_len = 1 + len(drafts)
             verify.append((req, torch.cat([slot, extra])))
         if not verify:
@@ -150,8 +163,6 @@ class Speculator:
         """How many tokens `req` may have proposed this step (0: it does not speculate)."""
         if req.sampling_params.disable_speculation:
             return 0
-        if req.grammar is not None and not hasattr(req.grammar, "rollback"):
-            return 0  # a grammar without rollback cannot check proposals
         if req.closes_within(self.close_reserve, ahead=self.k):
             return 0  # its last tokens are sampled one by one in the closing window (constrained/closing.py)
         return min(self.k, req.remaining_new_tokens)
@@ -171,7 +182,7 @@ class Speculator:
 
     def _check_grammar(self, req: Req, drafts: list[int]) -> list[int]:
         """Cut `drafts` at the first token the grammar rejects; keep the allowed-token bitmask of the state
-        before each verify position (row i: after d_1..d_i) in req.draft_bitmask [len + 1, W]."""
+        before each verify position (row i: after d_1..d_i) in req.spec.draft_bitmask [len + 1, W]."""
         g = req.grammar
         bm = torch.zeros((len(drafts) + 1, (self.vocab_size + 31) // 32), dtype=torch.int32)
         g.write_bitmask(bm[0])
@@ -186,15 +197,15 @@ class Speculator:
                 g.write_bitmask(bm[ok])
         finally:
             g.rollback(ok)
-        req.draft_bitmask = bm[: ok + 1] if ok else None
+        req.spec.draft_bitmask = bm[: ok + 1] if ok else None
         return drafts[:ok]
 
     # ---- after the forward ------------------------------------------------------------------------------------
-    def verify(self, proc: Any, rows: list[tuple[Req, int]], logits: torch.Tensor) -> None:
+    def verify(self, proc: TokenSink, rows: list[tuple[Req, int]], logits: torch.Tensor) -> None:
         """rows: (request, its first logits row); request r owns logits rows [start, start + k_r + 1).
-        `proc` is the ResultProcessor (its `_accept` appends one token the normal way)."""
+        `proc` appends one token the normal way (the ResultProcessor)."""
         reqs = [r for r, _ in rows]
-        ks = [len(r.draft_ids) for r in reqs]
+        ks = [len(r.spec.draft_ids) for r in reqs]
         flat = [start + i for (_, start), k in zip(rows, ks, strict=True) for i in range(k + 1)]
         first = np.cumsum([0] + [k + 1 for k in ks])[:-1].tolist()  # flat row of each request's position 0
         lg = logits[to_device(flat, torch.int64, logits.device)]
@@ -204,40 +215,40 @@ class Speculator:
         sampled = [i for i, g in enumerate(info.greedy_rows) if not g]
         probs = target_probs(processed, info, sampled) if sampled else None
         where = {row: j for j, row in enumerate(sampled)}  # flat row -> row of `probs`
-        lp_rows = [i for r, k, f in zip(reqs, ks, first, strict=True) if r.return_logprob for i in range(f, f + k + 1)]
+        lp_rows = [i for r, k, f in zip(reqs, ks, first, strict=True) if r.logprobs.wanted for i in range(f, f + k + 1)]
         lp = compute_logprobs(lg[to_device(lp_rows, torch.int64, lg.device)]) if lp_rows else None
         lp_at = {row: j for j, row in enumerate(lp_rows)}
         for req, k, f in zip(reqs, ks, first, strict=True):
-            drafts = req.draft_ids
+            drafts = req.spec.draft_ids
             if info.greedy_rows[f]:
                 toks = accept_greedy(argmax[f : f + k + 1], drafts)
             else:
                 assert probs is not None
                 p = probs[where[f] : where[f] + k + 1]
                 us = [spec_uniforms(req.seed, len(req.output_ids) + i) for i in range(k + 1)]
-                toks = accept_sampled(p, drafts, us, req.draft_q)
-            self._emit(proc, req, toks, [lp[lp_at[f + i]] if lp is not None and req.return_logprob else None
+                toks = accept_sampled(p, drafts, us, req.spec.draft_q)
+            self._emit(proc, req, toks, [lp[lp_at[f + i]] if lp is not None and req.logprobs.wanted else None
                                          for i in range(len(toks))], k)
 
-    def _emit(self, proc: Any, req: Req, toks: list[int], lp_rows: list[torch.Tensor | None], k: int) -> None:
+    def _emit(self, proc: TokenSink, req: Req, toks: list[int], lp_rows: list[torch.Tensor | None], k: int) -> None:
         """Append `toks` (all but the last are accepted drafts) until a finish; then free the row's extra KV."""
         old_cached, n = req.cached_len, 0
         try:
             for i, t in enumerate(toks):
-                n += 1  # `_accept` appends before anything in it can raise
-                proc._accept(req, t, lp_rows[i], jump=i == len(toks) - 1)
+                n += 1  # `append_token` appends before anything in it can raise
+                proc.append_token(req, t, lp_rows[i], jump=i == len(toks) - 1)
                 if req.finished:
                     break
         except Exception as e:  # an error in one request's processing aborts that request only
             log.exception("internal error while processing request %s", req.rid)
-            req.finish_reason = finish_abort(f"internal error while processing request: {type(e).__name__}: {e}")
+            req.finish_reason = FinishAbort(message=f"internal error while processing request: {type(e).__name__}: {e}")
         finally:
-            req.draft_ids, req.draft_bitmask, req.draft_q = [], None, None
+            req.spec.draft_ids, req.spec.draft_bitmask, req.spec.draft_q = [], None, None
             self.kv.trim(req, old_cached + n)
             self.proposer.settle(req)
         accepted = min(n, len(toks) - 1)
-        req.spec_verify_ct += 1
-        req.spec_accepted += accepted
+        req.spec.verify_ct += 1
+        req.spec.accepted += accepted
         s = self.stats
         s["spec_pauses"] += pause_after_verify(req, accepted, self.min_accept, self.pause_steps)
         s["spec_verify_ct"] += 1
@@ -254,7 +265,7 @@ class Speculator:
             stop = [] if p.ignore_eos else sorted(self.eos_ids | set(p.stop_token_ids))
             for i in range(k + 1):
                 params.append(p)
-                outs.append(req.output_ids + req.draft_ids[:i])
+                outs.append(req.output_ids + req.spec.draft_ids[:i])
                 steps.append(len(req.output_ids) + i)
                 stops.append(stop)
                 seeds.append(req.seed)
@@ -263,13 +274,13 @@ class Speculator:
 
     def _allowed(self, reqs: list[Req], ks: list[int], lg: torch.Tensor) -> torch.Tensor | None:
         """bool [R, V] allowed tokens per verify position (grammar rows only), or None without grammars."""
-        if all(r.draft_bitmask is None for r in reqs):
+        if all(r.spec.draft_bitmask is None for r in reqs):
             return None
         V = lg.shape[1]
         allowed = torch.ones(lg.shape, dtype=torch.bool, device=lg.device)
         f = 0
         for req, k in zip(reqs, ks, strict=True):
-            if req.draft_bitmask is not None:
-                allowed[f : f + k + 1] = unpack_bitmask(req.draft_bitmask, V).to(lg.device)
+            if req.spec.draft_bitmask is not None:
+                allowed[f : f + k + 1] = unpack_bitmask(req.spec.draft_bitmask, V).to(lg.device)
             f += k + 1
         return allowed

@@ -35,6 +35,8 @@ from runtime.ipc import AsyncReceiver, Endpoints, Sender
 from runtime.messages import (
     AbortReq,
     BatchTextOut,
+    FinishAbort,
+    FinishReason,
     FlushCacheOut,
     FlushCacheReq,
     GetInternalStateReq,
@@ -88,7 +90,7 @@ class ReqState:
         self.counts = {"prompt_tokens": prompt_len, "completion_tokens": 0, "cached_tokens": 0}
         self.num_retractions = 0
         self.spec = (0, 0)  # (speculative verify steps, accepted proposed tokens)
-        self.finish_reason: dict[str, Any] | None = None
+        self.finish_reason: FinishReason | None = None
         self.finished = False
         self.queued = False  # in `sink` already (several updates coalesce into one wake-up)
         self.aborted_at: float | None = None
@@ -330,7 +332,7 @@ class TokenizerManager:
         self.failed = message
         for st in list(self._states.values()):
             st.error = message
-            self._finish(st, {"type": "abort", "message": message})
+            self._finish(st, FinishAbort(message=message))
         self._states.clear()
         for dq in self._waiters.values():
             for fut in dq:
@@ -390,11 +392,11 @@ class TokenizerManager:
         elif st.req.stream:
             self._wake(st)
 
-    def _finish(self, st: ReqState, reason: dict[str, Any]) -> None:
+    def _finish(self, st: ReqState, reason: FinishReason) -> None:
         st.finished, st.finish_reason = True, reason
         if self.stats is not None:
             self.stats.on_finish(time.monotonic() - st.created, st.counts["prompt_tokens"],
-                                 st.counts["completion_tokens"], st.counts["cached_tokens"], reason.get("type", ""))
+                                 st.counts["completion_tokens"], st.counts["cached_tokens"], reason.type)
         self._wake(st)
 
     def _wake(self, st: ReqState) -> None:
@@ -408,4 +410,4 @@ class TokenizerManager:
             cutoff = time.monotonic() - self._abort_timeout
             for rid in [r for r, st in self._states.items() if st.aborted_at is not None and st.aborted_at < cutoff]:
                 logger.warning("no abort confirmation for %s; dropping its state", rid)
-                self._finish(self._states.pop(rid), {"type": "abort", "message": "aborted (not confirmed)"})
+                self._finish(self._states.pop(rid), FinishAbort(message="aborted (not confirmed)"))

@@ -15,12 +15,11 @@ from typing import Any
 
 from fastapi import Request
 
+from runtime.messages import FinishAbort, FinishLength, FinishReason, FinishStop
 from runtime.tokenizer.generate_input import RequestError
 from runtime.tokenizer.manager import RequestHandle
 from server.errors import read_json
 from server.http import ServerState
-
-FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 async def read_body(request: Request, state: ServerState) -> Any:
@@ -63,21 +62,23 @@ def now() -> int:
     return int(time.time())
 
 
-def finish_reason(fr: dict[str, Any] | None) -> str | None:
-    return None if fr is None else FINISH.get(fr.get("type", ""), "stop")
+def finish_reason(fr: FinishReason | None) -> str | None:
+    """OpenAI's finish_reason: "stop", "length" or "abort" (None while running)."""
+    return None if fr is None else fr.type
 
 
-def matched_stop(fr: dict[str, Any] | None) -> str | int | None:
-    return fr.get("matched") if fr else None
+def matched_stop(fr: FinishReason | None) -> str | int | None:
+    """The stop string or token id that ended the request (SGLang's `matched_stop`), if any."""
+    return fr.matched if isinstance(fr, FinishStop | FinishLength) else None
 
 
-def abort_error(fr: dict[str, Any] | None) -> RequestError | None:
+def abort_error(fr: FinishReason | None) -> RequestError | None:
     """An abort caused by the request itself (its grammar failed to compile or is unsupported) as a 400;
     None for other finishes (an operator's abort stays finish_reason "abort")."""
-    if not fr or fr.get("type") != "abort":
+    if not isinstance(fr, FinishAbort):
         return None
-    message = str(fr.get("message") or "request aborted")
-    status = fr.get("status_code")
+    message = fr.message or "request aborted"
+    status = fr.status_code
     lowered = message.lower()
     if "grammar" in lowered or "constrained" in lowered or "schema" in lowered or "regex" in lowered:
         code = "grammar_too_complex" if "timed out" in lowered or "too complex" in lowered else "invalid_value"

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from runtime.messages import FinishReason
 from runtime.tokenizer.generate_input import GenerateRequest, OpenAINames, RequestError, is_int
 from runtime.tokenizer.manager import TokenizerManager
 from server.http import JSON, ClientGone, ServerState, get_state, until_disconnect
@@ -145,7 +146,7 @@ async def completions(request: Request) -> Response:
     return JSON({**base, "choices": choices, "usage": C.usage(state, per_prompt)})
 
 
-def _choice(index: int, text: str, logprobs: Any, fr: dict[str, Any] | None) -> dict[str, Any]:
+def _choice(index: int, text: str, logprobs: Any, fr: FinishReason | None) -> dict[str, Any]:
     choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": C.finish_reason(fr)}
     stop = C.matched_stop(fr)
     if stop is not None:

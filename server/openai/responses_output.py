@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.messages import FinishReason
 from runtime.tokenizer.manager import RequestHandle
 from server.openai import tools as T
 from server.openai.common import abort_error, finish_reason
@@ -39,7 +40,7 @@ def call_item(call: dict[str, Any]) -> dict[str, Any]:
             "name": fn["name"], "arguments": fn["arguments"]}
 
 
-def status_of(fr: dict[str, Any] | None) -> tuple[str, dict[str, Any] | None]:
+def status_of(fr: FinishReason | None) -> tuple[str, dict[str, Any] | None]:
     """(response status, incomplete_details) for a finish reason."""
     reason = finish_reason(fr)
     if reason == "length":

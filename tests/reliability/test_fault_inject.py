@@ -1,7 +1,7 @@
 """An exception injected in one request's processing, on a real server (SmolLM2): only that request fails.
 
-The server runs with the testing-only failpoint RADIXGEN_FAULT_INJECT_RID=poison (runtime/env.py): the
-scheduler raises while processing that request's third sampled token (a decode step, so it holds KV then).
+The server's scheduler comes from tests/reliability/faulty_scheduler.py with a failpoint on rid "poison": it
+raises while processing that request's third sampled token (a decode step, so it holds KV then).
 It must end with an "internal error" abort while 8 concurrent requests produce exactly the tokens they produce
 without it; then the server is healthy, nothing leaked, and the traceback is in the log.
 (The same at scheduler level with a fake runner: tests/runtime/scheduler/test_faults.py.)
@@ -28,7 +28,8 @@ REASON = "internal error while processing request: RuntimeError: injected fault"
 
 @pytest.fixture(scope="module")
 def server():
-    env = {"RADIXGEN_FAULT_INJECT_RID": "poison", "RADIXGEN_FAULT_INJECT_AT_TOKEN": str(AT_TOKEN)}
+    env = {"RADIXGEN_SCHEDULER_FACTORY": "tests.reliability.faulty_scheduler:create",
+           "RADIXGEN_TEST_FAULT_RID": "poison", "RADIXGEN_TEST_FAULT_AT": str(AT_TOKEN)}
     s = ServerProc("--max-total-tokens", "4096", "--log-level", "warning", "--dtype", "float32", env=env)  # exact equality
     try:
         yield s.wait_ready(300)

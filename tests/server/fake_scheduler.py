@@ -15,6 +15,9 @@ from typing import Any
 from runtime.config import Config
 from runtime.messages import (
     AbortReq,
+    FinishAbort,
+    FinishLength,
+    FinishReason,
     FlushCacheOut,
     FlushCacheReq,
     GetInternalStateReq,
@@ -37,8 +40,13 @@ class _Req:
 
 
 class FakeScheduler:
+    """Implements runtime/scheduler/process.py's LoopScheduler; its step batch is the list of running requests."""
+
+    grammar_backend = None
+
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
+        self.last_forward: tuple[bool, float] | None = None
         self.waiting: list[_Req] = []
         self.running: list[_Req] = []
         self.free = TOTAL_SLOTS
@@ -55,7 +63,7 @@ class FakeScheduler:
                     q.remove(r)
                     if q is self.running:
                         self.free += r.slots
-                    self._emit(r, {"type": "abort", "message": msg.message})
+                    self._emit(r, FinishAbort(message=msg.message))
         elif isinstance(msg, FlushCacheReq):
             return FlushCacheOut(success=not self.has_work())
         elif isinstance(msg, GetInternalStateReq):
@@ -66,13 +74,23 @@ class FakeScheduler:
         return bool(self.waiting or self.running)
 
     def step(self) -> list[ReqTokenOut]:
+        batch = self.begin_step()
+        if batch is not None:
+            self.forward(batch)
+        return self.end_step(batch, None)
+
+    def begin_step(self) -> list[_Req] | None:
         while self.waiting and self.waiting[0].slots <= self.free:
             r = self.waiting.pop(0)
             self.free -= r.slots
             self.running.append(r)
-        if self.running:
-            time.sleep(STEP_SECONDS)
-        for r in list(self.running):
+        return list(self.running) or None
+
+    def forward(self, batch: list[_Req]) -> None:
+        time.sleep(STEP_SECONDS)
+
+    def end_step(self, batch: list[_Req] | None, logits: object) -> list[ReqTokenOut]:
+        for r in batch or []:
             sp = r.msg.sampling_params
             limit = 1 if r.msg.input_ids == [0] else sp.max_new_tokens
             if len(r.out) < limit:
@@ -81,13 +99,13 @@ class FakeScheduler:
             if len(r.out) >= limit:
                 self.running.remove(r)
                 self.free += r.slots
-                self._emit(r, {"type": "length", "length": limit})
+                self._emit(r, FinishLength(length=limit))
             elif r.msg.stream:
                 self._emit(r, None)
         outs, self._outs = self._outs, []
         return outs
 
-    def _emit(self, r: _Req, finish: dict | None) -> None:
+    def _emit(self, r: _Req, finish: FinishReason | None) -> None:
         new, r.sent = r.out[r.sent:], len(r.out)
         sp = r.msg.sampling_params
         self._outs.append(ReqTokenOut(

@@ -112,7 +112,7 @@ def test_maskbench_rewrites_agree_with_the_original_on_every_document() -> None:
     first in both) decides each document as the original does."""
     from runtime.constrained.json_rules import _normalize_draft
 
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "jsonschemabench",
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "data", "jsonschemabench",
                         "maskbench_subset.json.gz")
     with gzip.open(path, "rt", encoding="utf-8") as f:
         entries = json.load(f)

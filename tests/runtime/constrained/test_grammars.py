@@ -301,7 +301,7 @@ def test_workers_die_with_their_parent() -> None:
         "print(json.dumps([w.proc.pid for w in be._slots]), flush=True)\n"
         "time.sleep(60)\n"
     )
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=root,
                              env={**os.environ, "PYTHONPATH": root})
     try:
@@ -346,8 +346,8 @@ def test_grammar_finish_keeps_the_last_content_token(backend, tok) -> None:
             req.output_ids.append(t)
             req.grammar.accept_token(t)
             check_finished(req, eos, tok.decode)
-        assert req.finish_reason["type"] == "stop"
-        assert req.finish_reason["matched"] == (ids[-1] if with_eos else None)
+        assert req.finish_reason.type == "stop"
+        assert req.finish_reason.matched == (ids[-1] if with_eos else None)
 
 
 def test_structural_tag_constrains_only_inside_the_tag(backend, tok) -> None:

@@ -27,7 +27,7 @@ import torch
 from runtime.config import GrammarConfig
 from runtime.constrained import Grammar, GrammarBackend, GrammarError
 
-DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "jsonschemabench",
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "data", "jsonschemabench",
                     "maskbench_subset.json.gz")
 SAMPLE = {"llguidance": 475, "xgrammar": 120, "outlines": 40}
 # (case id) -> why its valid document is rejected: stricter-than-spec behaviour that can only refuse, never

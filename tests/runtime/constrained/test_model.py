@@ -89,7 +89,7 @@ def test_thirty_schemas_on_the_model_validate(smollm_runner, tok, backend) -> No
     for i, schema in enumerate(SCHEMAS):
         ids, fin = res[f"s{i}"]
         # "length": the closing window ended it (runtime/constrained/closing.py), still a valid document
-        assert fin["type"] in ("stop", "length"), (i, fin, text(tok, ids))
+        assert fin.type in ("stop", "length"), (i, fin, text(tok, ids))
         jsonschema.validate(json.loads(text(tok, ids)), schema, format_checker=checker)
     assert sched.stats["jump_forward_tokens"] > 0
 
@@ -105,7 +105,7 @@ def test_twenty_regexes_on_the_model_fullmatch(smollm_runner, tok, backend) -> N
     res, _ = run(smollm_runner, tok, backend, reqs)
     for i, (rx, mod) in enumerate(REGEXES):
         ids, fin = res[f"r{i}"]
-        assert fin["type"] == "stop", (rx, fin, text(tok, ids))
+        assert fin.type == "stop", (rx, fin, text(tok, ids))
         assert mod.fullmatch(rx, text(tok, ids)), (rx, text(tok, ids))
 
 
@@ -139,7 +139,7 @@ def test_jump_forward_on_off_valid_and_fewer_steps(smollm_runner, tok, backend) 
     )
     for res in (on, off):
         ids, fin = res["a"]
-        assert fin["type"] == "stop", (fin, text(tok, ids))
+        assert fin.type == "stop", (fin, text(tok, ids))
         jsonschema.validate(json.loads(text(tok, ids)), LONG_KEYS)
     assert s_off.stats["jump_forward_steps"] == 0
     assert s_on.stats["jump_forward_tokens"] > 0
@@ -164,8 +164,8 @@ def test_grammar_error_aborts_only_that_request(smollm_runner, tok, backend, mon
         "ok": ("Name a fruit.", SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)),
     }
     res, _ = run(smollm_runner, tok, backend, reqs, disable_jump_forward=True)
-    assert res["bad"][1]["type"] == "abort" and "simulated matcher failure" in res["bad"][1]["message"]
-    assert res["ok"][1]["type"] == "length" and len(res["ok"][0]) == 8
+    assert res["bad"][1].type == "abort" and "simulated matcher failure" in res["bad"][1].message
+    assert res["ok"][1].type == "length" and len(res["ok"][0]) == 8
 
 
 def test_runaway_compile_aborts_while_others_stream(smollm_runner, tok) -> None:
@@ -179,8 +179,8 @@ def test_runaway_compile_aborts_while_others_stream(smollm_runner, tok) -> None:
         t0 = time.monotonic()
         res, _ = run(smollm_runner, tok, be, reqs, grammar_compile_timeout=2.0)
         elapsed = time.monotonic() - t0
-    assert res["slow"][1]["type"] == "abort" and "timed out" in res["slow"][1]["message"], res["slow"]
-    assert res["ok"][1]["type"] == "length" and len(res["ok"][0]) == 6
+    assert res["slow"][1].type == "abort" and "timed out" in res["slow"][1].message, res["slow"]
+    assert res["ok"][1].type == "length" and len(res["ok"][0]) == 6
     assert elapsed < 30
 
 
@@ -205,9 +205,9 @@ def test_json_answer_closes_within_its_budget(smollm_runner, tok, backend) -> No
     ids, fin = on["json"]
     doc = json.loads(text(tok, ids))
     jsonschema.validate(doc, STORY)
-    assert fin["type"] == "length" and len(ids) <= 48 and doc["story"].startswith("aaaa"), (fin, doc)
+    assert fin.type == "length" and len(ids) <= 48 and doc["story"].startswith("aaaa"), (fin, doc)
     ids, fin = off["json"]
-    assert fin["type"] == "length" and len(ids) == 48
+    assert fin.type == "length" and len(ids) == 48
     with pytest.raises(ValueError):
         json.loads(text(tok, ids))
     assert on["rx"] == off["rx"] and on["plain"] == off["plain"]

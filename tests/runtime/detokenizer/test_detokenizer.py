@@ -7,7 +7,7 @@ import random
 import pytest
 
 from runtime.detokenizer.state import Detokenizer
-from runtime.messages import ReqTokenOut
+from runtime.messages import FinishLength, FinishStop, ReqTokenOut
 
 TEXTS = [
     "Hello 😀 wörld, 你好! 🎉🎉 naïve café — “quotes” and ¿qué? 👩‍👩‍👧‍👦",
@@ -55,7 +55,7 @@ def test_multibyte_split_across_tokens_never_breaks_utf8(tok):
                tok.token_bytes(i).decode("utf-8", "ignore") != tok.token_bytes(i).decode("utf-8", "replace")
                for i in ids)
     detok = _detok(tok)
-    outs = _stream(detok, "r", ids, [1] * len(ids), finish={"type": "length", "length": len(ids)})
+    outs = _stream(detok, "r", ids, [1] * len(ids), finish=FinishLength(length=len(ids)))
     for o in outs:
         assert "\ufffd" not in o.text_delta
         assert o.trim == 0
@@ -73,7 +73,7 @@ def test_random_chunking_adds_up_to_full_decode(tok, seed):
         c = min(left, rng.randint(1, 4))
         chunks.append(c)
         left -= c
-    outs = _stream(_detok(tok), f"r{seed}", ids, chunks, finish={"type": "length", "length": len(ids)})
+    outs = _stream(_detok(tok), f"r{seed}", ids, chunks, finish=FinishLength(length=len(ids)))
     assert all("\ufffd" not in o.text_delta for o in outs)
     assert "".join(o.text_delta for o in outs) == text
 
@@ -85,7 +85,7 @@ def test_interleaved_rids_keep_separate_state(tok):
     for k in range(max(len(a), len(b))):
         for rid, ids in (("a", a), ("b", b)):
             if k < len(ids):
-                fin = {"type": "length", "length": len(ids)} if k == len(ids) - 1 else None
+                fin = FinishLength(length=len(ids)) if k == len(ids) - 1 else None
                 got[rid] += detok.process(ReqTokenOut(rid=rid, new_ids=[ids[k]], finish_reason=fin)).text_delta
     assert got == {"a": TEXTS[0], "b": TEXTS[2]}
 
@@ -95,7 +95,7 @@ def test_stop_string_trimmed_even_when_partly_sent(tok):
     ids = tok.encode(text)
     # stop after the token that completes "\n\nUser:"; text before it was partly streamed
     upto = next(k for k in range(1, len(ids) + 1) if "\n\nUser:" in tok.decode(ids[:k]))
-    fin = {"type": "stop", "matched": "\n\nUser:"}
+    fin = FinishStop(matched="\n\nUser:")
     outs = _stream(_detok(tok), "r", ids[:upto], [1] * upto, finish=fin, stop_trim="\n\nUser:")
     assert _apply(outs) == "The answer is 42."
     assert outs[-1].trim > 0  # "\n\n" had already been sent as deltas
@@ -103,7 +103,7 @@ def test_stop_string_trimmed_even_when_partly_sent(tok):
 
 def test_no_stop_trim_keeps_stop_string(tok):
     ids = tok.encode("one two three")
-    fin = {"type": "stop", "matched": " three"}
+    fin = FinishStop(matched=" three")
     outs = _stream(_detok(tok), "r", ids, [len(ids)], finish=fin, stop_trim=" three", no_stop_trim=True)
     assert _apply(outs) == "one two three"
 
@@ -111,14 +111,14 @@ def test_no_stop_trim_keeps_stop_string(tok):
 def test_stop_string_only_cut_where_it_stopped(tok):
     # " x" occurs early (allowed there, e.g. under min_new_tokens) and again at the stopping step
     ids = tok.encode("a x b c x")
-    fin = {"type": "stop", "matched": " x"}
+    fin = FinishStop(matched=" x")
     outs = _stream(_detok(tok), "r", ids, [len(ids) - 1, 1], finish=fin, stop_trim=" x")
     assert _apply(outs) == "a x b c"
 
 
 def test_stop_token_id_dropped_from_text_unless_no_stop_trim(tok):
     ids = tok.encode("hi there") + [2]  # 2 = <|im_end|>
-    fin = {"type": "stop", "matched": 2}
+    fin = FinishStop(matched=2)
     outs = _stream(_detok(tok), "r", ids, [len(ids)], finish=fin, skip_special_tokens=False)
     assert _apply(outs) == "hi there"
     assert outs[-1].new_ids[-1] == 2  # ids still report it
@@ -128,7 +128,7 @@ def test_stop_token_id_dropped_from_text_unless_no_stop_trim(tok):
 
 def test_special_tokens_skipped_by_default(tok):
     ids = [1] + tok.encode("hello") + [2]
-    outs = _stream(_detok(tok), "r", ids, [1] * len(ids), finish={"type": "length", "length": len(ids)})
+    outs = _stream(_detok(tok), "r", ids, [1] * len(ids), finish=FinishLength(length=len(ids)))
     assert _apply(outs) == "hello"
 
 

@@ -14,6 +14,7 @@ from concurrent.futures import Future
 import torch
 
 from runtime.config import make_config
+from runtime.constrained.seam import BaseGrammarBackend, Grammar
 from runtime.executor.memory import ReqToTokenTable, SlotAllocator
 from runtime.messages import TokenizedGenerateReq
 from runtime.sampling.params import SamplingParams
@@ -110,6 +111,21 @@ def gen(rid: str, prompt: list[int], max_new: int = 8, **kw) -> TokenizedGenerat
                                 **logprob)
 
 
+def inject_fault(sched: Scheduler, rid: str, at_token: int) -> None:
+    """A failpoint: output token `at_token` of request `rid` raises after it is appended (a bug anywhere in that
+    request's processing looks like this), on the one path every sampled or accepted draft token takes."""
+    proc = sched.processor
+    append = proc.append_token
+
+    def faulty(req, tok, lp_row, jump=True):  # noqa: ANN001, ANN202
+        if req.rid == rid and len(req.output_ids) + 1 >= at_token:
+            req.output_ids.append(tok)
+            raise RuntimeError(f"injected fault at token {len(req.output_ids)}")
+        append(req, tok, lp_row, jump)
+
+    proc.append_token = faulty
+
+
 class Results(dict):
     def ids(self, rid: str) -> list[int]:
         return [t for o in self[rid] for t in o.new_ids]
@@ -145,32 +161,66 @@ def prompt(n: int, seed: int = 0) -> list[int]:
     return torch.randint(0, V, (n,), generator=g).tolist()
 
 
-class OnlyToken:
+class FakeGrammar(Grammar):
+    """Base of the test grammars over the fake vocabulary: a subclass says which tokens it `allows` and writes
+    its bitmask; the accepted tokens are kept in `seen`, so rollback is exact. No jump-forward."""
+
+    vocab_size = V
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.seen)
+
+    def allows(self, tok: int) -> bool:
+        return True
+
+    def accept_token(self, tok: int) -> None:
+        if not self.allows(tok):
+            raise ValueError(f"token {tok} is not allowed")
+        self.seen.append(tok)
+
+    def rollback(self, n: int) -> None:
+        if n > len(self.seen):
+            raise ValueError(f"cannot roll back {n} tokens")
+        del self.seen[len(self.seen) - n:]
+
+    def is_terminated(self) -> bool:
+        return False
+
+    def can_accept_after_rollback(self, n: int, token_ids) -> bool:  # noqa: ANN001
+        return n <= len(self.seen) and all(self.allows(t) for t in token_ids)
+
+    def jump_forward(self) -> str | None:
+        return None
+
+
+class OnlyToken(FakeGrammar):
     """A grammar that allows one token id, and terminates after `n` accepted tokens."""
 
     def __init__(self, tok: int, n: int) -> None:
-        self.tok, self.n, self.seen = tok, n, 0
+        super().__init__()
+        self.tok, self.n = tok, n
 
     def copy(self) -> OnlyToken:
         return OnlyToken(self.tok, self.n)
 
-    def fill_mask(self, row: torch.Tensor) -> None:
-        row.fill_(False)
-        row[self.tok] = True
+    def allows(self, tok: int) -> bool:
+        return tok == self.tok
 
     def write_bitmask(self, row: torch.Tensor) -> None:  # packed int32 [ceil(V / 32)]: the scheduler's mask path
         row.zero_()
         row[self.tok >> 5] = 1 << (self.tok & 31)
 
-    def accept_token(self, tok: int) -> None:
-        assert tok == self.tok
-        self.seen += 1
-
     def is_terminated(self) -> bool:
-        return self.seen >= self.n
+        return len(self.seen) >= self.n
 
 
-class FakeGrammars:
+class FakeGrammars(BaseGrammarBackend):
+    """Compiles resolved by the test: `futures[i]` is the i-th constrained request's."""
+
     def __init__(self) -> None:
         self.futures: list[Future] = []
 

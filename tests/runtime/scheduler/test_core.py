@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import msgspec
 import torch
 
 from radix_cache import RadixCache
-from runtime.scheduler.core import Batch, Req, SamplingParams, finish_abort, finish_length, finish_stop
+from runtime.messages import FinishAbort, FinishLength, FinishStop, ReqTokenOut
+from runtime.scheduler.core import Batch, Req, SamplingParams
 from runtime.scheduler.policy import order_waiting
 
 
@@ -26,8 +28,19 @@ def test_req_lengths_and_match_cap():
     assert lp.match_cap() == 9  # prompt logprobs already done (e.g. after retraction)
     no_lp = req("c", list(range(10)), logprob_start_len=0)  # return_logprob off: no prompt logprobs
     assert no_lp.match_cap() == 9
-    assert finish_length(3) == {"type": "length", "length": 3}
-    assert finish_stop("x") == {"type": "stop", "matched": "x"} and finish_abort("m")["type"] == "abort"
+
+
+def test_finish_reasons_keep_sglangs_json_shape_and_round_trip():
+    shapes = {FinishLength(length=3): b'{"type":"length","length":3}',
+              FinishLength(length=3, matched=2): b'{"type":"length","length":3,"matched":2}',
+              FinishStop(matched="x"): b'{"type":"stop","matched":"x"}',
+              FinishStop(): b'{"type":"stop","matched":null}',
+              FinishAbort(message="m"): b'{"type":"abort","message":"m"}'}
+    codec = msgspec.msgpack.Decoder(ReqTokenOut)
+    for fr, js in shapes.items():
+        assert msgspec.json.encode(fr) == js and fr.type == msgspec.json.decode(js)["type"]
+        out = codec.decode(msgspec.msgpack.encode(ReqTokenOut(rid="r", new_ids=[], finish_reason=fr)))
+        assert out.finish_reason == fr and type(out.finish_reason) is type(fr)
 
 
 def test_batch_forward_batch_view():

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from runtime.messages import AbortReq
 from tests.runtime.scheduler.harness import (
+    FakeGrammar,
     FakeGrammars,
     Results,
     create_scheduler,
@@ -104,7 +105,7 @@ def test_same_step_sharing_with_a_chunked_document_holder():
 
 
 # ---------------------------------------------------------------------------------------------- jump-forward
-class AnyToken:
+class AnyToken(FakeGrammar):
     """A grammar that allows every token and never terminates (jump-forward is faked by the test)."""
 
     def copy(self) -> AnyToken:
@@ -112,12 +113,6 @@ class AnyToken:
 
     def write_bitmask(self, row: torch.Tensor) -> None:
         row.fill_(-1)
-
-    def accept_token(self, tok: int) -> None:
-        pass
-
-    def is_terminated(self) -> bool:
-        return False
 
 
 def test_jump_forward_extends_ride_in_decode_steps(monkeypatch):
@@ -132,7 +127,7 @@ def test_jump_forward_extends_ride_in_decode_steps(monkeypatch):
             for _ in range(3):
                 seq.append(next_token(seq, "hash"))
             req.output_ids.extend(seq[-3:])
-            req.jump_tokens = 3
+            req.grammar_state.jump_tokens = 3
 
     monkeypatch.setattr(proc, "_jump_forward", force_three)
     pj, pd = prompt(12, 1), prompt(9, 2)
@@ -186,8 +181,8 @@ def test_random_arrivals_aborts_chunks_and_pool_pressure(data):
     res = drain(sched, res)
     for rid, (p, max_new) in prompts.items():
         out, reason = res.ids(rid), res.final(rid).finish_reason
-        if reason["type"] == "abort":  # by the client, or a request the tiny pool can never hold
+        if reason.type == "abort":  # by the client, or a request the tiny pool can never hold
             assert out == reference(p, max_new)[: len(out)]
-            assert rid in aborted or "KV" in reason["message"], reason
+            assert rid in aborted or "KV" in reason.message, reason
         else:
             assert out == reference(p, max_new), rid

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.messages import AbortReq, FlushCacheReq, GetInternalStateReq
+from runtime.messages import (
+    AbortReq,
+    FinishAbort,
+    FinishLength,
+    FinishStop,
+    FlushCacheReq,
+    GetInternalStateReq,
+)
 from tests.runtime.scheduler.harness import (
     FakeGrammars,
     OnlyToken,
@@ -31,7 +38,7 @@ def test_outputs_match_reference_and_prefix_hits(disable):
     res = drain(sched)
     for rid, p in prompts.items():
         assert res.ids(rid) == reference(p, 10)
-        assert res.final(rid).finish_reason == {"type": "length", "length": 10}
+        assert res.final(rid).finish_reason == FinishLength(length=10)
         assert res.final(rid).prompt_tokens == len(p) and res.final(rid).completion_tokens == 10
     # A later request sharing the prefix hits the tree (prompt + output of "a" are cached).
     follow = prompts["a"] + res.ids("a")[:-1] + prompt(3, 4)
@@ -111,7 +118,7 @@ def test_retraction_with_a_tiny_pool_keeps_outputs(disable):
     assert any(res.final(r).num_retractions for r in prompts)
     for rid, p in prompts.items():
         assert res.ids(rid) == reference(p, 60)
-        assert res.final(rid).finish_reason["type"] == "length"
+        assert res.final(rid).finish_reason.type == "length"
 
 
 def test_request_larger_than_the_pool_is_aborted_not_crashed():
@@ -119,7 +126,7 @@ def test_request_larger_than_the_pool_is_aborted_not_crashed():
     sched.handle(gen("big", prompt(40), 4))
     sched.handle(gen("ok", prompt(8), 4))
     res = drain(sched)
-    assert res.final("big").finish_reason["type"] == "abort"
+    assert res.final("big").finish_reason.type == "abort"
     assert res.ids("ok") == reference(prompt(8), 4)
 
 
@@ -135,7 +142,7 @@ def test_abort_in_waiting_queue_by_rid_prefix():
     sched.handle(AbortReq(rid="x"))
     res = drain(sched, res)
     for rid in ("x_0", "x_1"):
-        assert res.final(rid).finish_reason == {"type": "abort", "message": "aborted by client"}
+        assert res.final(rid).finish_reason == FinishAbort(message="aborted by client")
         assert res.ids(rid) == []
     assert res.ids("a") == reference(prompt(10, 1), 20) and res.ids("y") == reference(prompt(10, 3), 5)
 
@@ -151,7 +158,7 @@ def test_abort_mid_chunk_frees_and_caches_the_partial_prefix():
     sched.handle(AbortReq(rid="long"))
     assert sched.chunked is None
     res = drain(sched, res)
-    assert res.final("long").finish_reason["type"] == "abort"
+    assert res.final("long").finish_reason.type == "abort"
     assert sched.kv.tree.match_prefix(p, record=False).length == 32  # computed chunks stay cached
 
 
@@ -165,12 +172,12 @@ def test_abort_while_decoding_and_abort_all():
         step(sched, res)
     sched.handle(AbortReq(rid="a"))
     step(sched, res)
-    assert res.final("a").finish_reason["type"] == "abort"
+    assert res.final("a").finish_reason.type == "abort"
     n_a = len(res.ids("a"))
     assert 0 < n_a < 50 and res.ids("a") == reference(prompt(10, 1), n_a)
     sched.handle(AbortReq(abort_all=True, message="shutdown"))
     res = drain(sched, res)
-    assert res.final("b").finish_reason == {"type": "abort", "message": "shutdown"}
+    assert res.final("b").finish_reason == FinishAbort(message="shutdown")
     assert res.ids("c") == reference(prompt(10, 3), 4)
 
 
@@ -215,12 +222,12 @@ def test_stop_strings_tokens_and_eos():
     sched.handle(gen("ign", [2], 8, ignore_eos=True))
     sched.handle(gen("min", [2], 20, min_new_tokens=10))
     res = drain(sched)
-    assert res.final("str").finish_reason == {"type": "stop", "matched": "rst"}
+    assert res.final("str").finish_reason == FinishStop(matched="rst")
     assert res.final("str").stop_trim == "rst" and letters(res.ids("str")).endswith("rst")
     assert res.ids("str") == [41, 42, 43, 44, 45]
-    assert res.final("tok").finish_reason == {"type": "stop", "matched": 5} and res.ids("tok") == [1, 2, 3, 4, 5]
-    assert res.final("eos").finish_reason == {"type": "stop", "matched": 7} and res.ids("eos") == [3, 4, 5, 6, 7]
-    assert res.final("ign").finish_reason["type"] == "length" and res.ids("ign") == list(range(3, 11))
+    assert res.final("tok").finish_reason == FinishStop(matched=5) and res.ids("tok") == [1, 2, 3, 4, 5]
+    assert res.final("eos").finish_reason == FinishStop(matched=7) and res.ids("eos") == [3, 4, 5, 6, 7]
+    assert res.final("ign").finish_reason.type == "length" and res.ids("ign") == list(range(3, 11))
     assert len(res.ids("min")) >= 10 and 7 not in res.ids("min")[:9]
 
 
@@ -233,7 +240,7 @@ def test_max_new_tokens_zero_and_prompt_logprobs_cap_the_prefix():
     sched.handle(gen("lp3", p, 0, return_logprob=True, logprob_start_len=3))
     res = drain(sched)
     out = res.final("lp")
-    assert out.finish_reason == {"type": "length", "length": 0} and out.new_ids == []
+    assert out.finish_reason == FinishLength(length=0) and out.new_ids == []
     assert out.cached_tokens == 0  # capped so every prompt position is computed
     assert [t for _, t in out.input_logprobs] == p and out.input_logprobs[0][0] is None
     lps = [lp for lp, _ in out.input_logprobs[1:]]
@@ -290,6 +297,6 @@ def test_grammar_queue_and_mask():
     backend.futures[1].set_exception(ValueError("bad regex"))
     res = drain(sched, res)
     # Grammar ended without EOS: the last token is content, not a matched stop token (so it is not trimmed).
-    assert res.ids("g") == [9, 9, 9] and res.final("g").finish_reason == {"type": "stop", "matched": None}
-    assert res.final("bad").finish_reason["type"] == "abort" and "bad regex" in res.final("bad").finish_reason["message"]
+    assert res.ids("g") == [9, 9, 9] and res.final("g").finish_reason == FinishStop(matched=None)
+    assert res.final("bad").finish_reason.type == "abort" and "bad regex" in res.final("bad").finish_reason.message
     assert res.ids("plain") == reference(prompt(6), 3)

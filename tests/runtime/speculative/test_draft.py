@@ -14,17 +14,20 @@ import pytest
 import torch
 
 from runtime.config import make_config, resolve
+from runtime.constrained.seam import BaseGrammarBackend
 from runtime.executor.memory import ReqToTokenTable
-from runtime.messages import AbortReq
+from runtime.messages import AbortReq, FinishStop
 from runtime.scheduler import Scheduler
 from runtime.scheduler.speculative import create_speculator
 from tests.runtime.scheduler.harness import (
+    FakeGrammar,
     FakeRunner,
     PoisonAllocator,
     Results,
     V,
     create_scheduler,
     gen,
+    inject_fault,
     next_token,
     prompt,
     reference,
@@ -125,8 +128,8 @@ def test_stop_token_max_new_tokens_and_streaming():
     sched.handle(gen("len", p, 6))
     res = run(sched, draft)
     assert res.ids("eos") == list(range(11, 18))
-    assert res.final("eos").finish_reason == {"type": "stop", "matched": 17}
-    assert res.ids("len") == list(range(11, 17)) and res.final("len").finish_reason["type"] == "length"
+    assert res.final("eos").finish_reason == FinishStop(matched=17)
+    assert res.ids("len") == list(range(11, 17)) and res.final("len").finish_reason.type == "length"
     assert max(len(o.new_ids) for o in res["eos"]) > 1  # several tokens per step
 
 
@@ -143,7 +146,7 @@ def test_abort_retraction_and_a_small_draft_pool_leak_nothing():
     assert sched.spec.proposer.rows and draft.allocator.available() < 512
     sched.handle(AbortReq(rid="a"))
     run(sched, draft, res)
-    assert res.final("a").finish_reason["type"] == "abort"
+    assert res.final("a").finish_reason.type == "abort"
     assert res.ids("b") == reference(p + [2], 40)
     # a target pool so small that requests are retracted while they speculate
     draft = FakeDraft(512, "hash", noisy)
@@ -167,26 +170,22 @@ def test_abort_retraction_and_a_small_draft_pool_leak_nothing():
 
 
 def test_fault_in_the_middle_of_a_verify_step_frees_both_pools(monkeypatch):
-    monkeypatch.setenv("RADIXGEN_FAULT_INJECT_RID", "bad")
-    monkeypatch.setenv("RADIXGEN_FAULT_INJECT_AT_TOKEN", "3")
     draft = FakeDraft(512, "inc")
     sched = make_draft(draft, mode="inc")
+    inject_fault(sched, "bad", 3)
     p = list(range(V)) + [7]
     sched.handle(gen("bad", p, 20))
     sched.handle(gen("ok", p + [8], 20))
     res = run(sched, draft)
-    assert res.final("bad").finish_reason["message"].startswith("internal error while processing request")
+    assert res.final("bad").finish_reason.message.startswith("internal error while processing request")
     assert res.ids("bad") == reference(p, 3, "inc") and res.final("bad").spec_verify_ct == 1
     assert res.ids("ok") == reference(p + [8], 20, "inc")
 
 
-class EvenGrammar:
-    """Allows the even tokens only; keeps what it accepted so the test can check every rollback."""
+class EvenGrammar(FakeGrammar):
+    """Allows the even tokens only; keeps what it accepted (`seen`) so the test can check every rollback."""
 
     made: list[EvenGrammar] = []
-
-    def __init__(self) -> None:
-        self.seen: list[int] = []
 
     def copy(self) -> EvenGrammar:
         g = EvenGrammar()
@@ -197,20 +196,11 @@ class EvenGrammar:
         row.zero_()
         row[: V // 32] = 0x55555555  # bits 0, 2, 4, ... of every word
 
-    def accept_token(self, tok: int) -> None:
-        if tok % 2:
-            raise ValueError(f"odd token {tok}")
-        self.seen.append(tok)
-
-    def rollback(self, n: int) -> None:
-        if n:
-            del self.seen[-n:]
-
-    def is_terminated(self) -> bool:
-        return False
+    def allows(self, tok: int) -> bool:
+        return tok % 2 == 0
 
 
-class EvenBackend:
+class EvenBackend(BaseGrammarBackend):
     def get_future(self, params):
         fut: Future = Future()
         fut.set_result(EvenGrammar())

@@ -10,9 +10,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.messages import AbortReq
+from runtime.messages import AbortReq, FinishStop
 from runtime.speculative import accept_greedy, propose_ngram
-from tests.runtime.scheduler.harness import Results, V, create_scheduler, drain, gen, prompt, reference, step
+from tests.runtime.scheduler.harness import (
+    Results,
+    V,
+    create_scheduler,
+    drain,
+    gen,
+    inject_fault,
+    prompt,
+    reference,
+    step,
+)
 
 SPEC = {"speculative_algorithm": "ngram", "speculative_num_draft_tokens": 4}
 
@@ -55,9 +65,9 @@ def test_stop_token_and_max_new_tokens_cut_exactly_inside_a_verify_step():
     sched.handle(gen("len", p, 6))
     drain(sched, res)
     assert res.ids("eos") == list(range(11, 18))  # stops at 17, which the drafts never propose
-    assert res.final("eos").finish_reason == {"type": "stop", "matched": 17}
+    assert res.final("eos").finish_reason == FinishStop(matched=17)
     assert res.ids("len") == list(range(11, 17))
-    assert res.final("len").finish_reason["type"] == "length"
+    assert res.final("len").finish_reason.type == "length"
 
 
 def test_streamed_outputs_arrive_in_order():
@@ -81,7 +91,7 @@ def test_abort_after_a_verify_step_and_retraction_leak_nothing():
     assert sched.spec.stats["spec_verify_ct"] > 0
     sched.handle(AbortReq(rid="a"))
     drain(sched, res)
-    assert res.final("a").finish_reason["type"] == "abort"
+    assert res.final("a").finish_reason.type == "abort"
     assert res.ids("b") == reference(p + [2], 40, "inc")
     # a pool so small that requests are retracted while they speculate
     sched, _ = create_scheduler(num_slots=180, mode="hash", **SPEC)
@@ -120,14 +130,13 @@ def test_metrics_and_meta_info_report_speculation():
 def test_fault_in_the_middle_of_a_verify_step_aborts_only_that_request(monkeypatch):
     """Token 3 of "bad" is the second token one verify step emits (tokens 2..5): the request ends there with
     an internal-error abort, its row keeps exactly the KV of the tokens before, and nothing leaks."""
-    monkeypatch.setenv("RADIXGEN_FAULT_INJECT_RID", "bad")
-    monkeypatch.setenv("RADIXGEN_FAULT_INJECT_AT_TOKEN", "3")
     sched, _ = create_scheduler(mode="inc", **SPEC)
+    inject_fault(sched, "bad", 3)
     p = list(range(V)) + [7]
     sched.handle(gen("bad", p, 20))
     sched.handle(gen("ok", p + [8], 20))
     res = drain(sched)
-    assert res.final("bad").finish_reason["message"].startswith("internal error while processing request")
+    assert res.final("bad").finish_reason.message.startswith("internal error while processing request")
     assert res.ids("bad") == reference(p, 3, "inc")
     assert res.final("bad").spec_verify_ct == 1
     assert res.ids("ok") == reference(p + [8], 20, "inc")
@@ -212,11 +221,11 @@ def test_recovered_average_resets_the_pause_length():
     req = Req("r", [1], SamplingParams())
 
     def verify(accepted: int) -> tuple[bool, float, int]:
-        req.spec_verify_ct += 1
+        req.spec.verify_ct += 1
         paused = pause_after_verify(req, accepted, 1.0, 2)
-        assert req.spec_pause == (req.spec_pause_len if paused else 0)
-        req.spec_pause = 0  # the pause runs out
-        return paused, req.spec_accept_avg, req.spec_pause_len
+        assert req.spec.pause == (req.spec.pause_len if paused else 0)
+        req.spec.pause = 0  # the pause runs out
+        return paused, req.spec.accept_avg, req.spec.pause_len
 
     assert verify(0) == (True, 0.0, 2)
     assert verify(0) == (True, 0.0, 4)
@@ -224,7 +233,7 @@ def test_recovered_average_resets_the_pause_length():
     assert verify(0) == (False, 1.0, 0)  # 1.0 is not below 1.0
     assert verify(0) == (True, 0.5, 2)  # base again
     assert [verify(0)[2] for _ in range(4)] == [4, 8, 16, 16]  # capped at 8x
-    assert pause_after_verify(req, 0, 0.0, 2) is False and req.spec_pause_len == 0  # 0 never pauses
+    assert pause_after_verify(req, 0, 0.0, 2) is False and req.spec.pause_len == 0  # 0 never pauses
 
 
 def test_pause_settings_are_validated_and_reach_the_cli():

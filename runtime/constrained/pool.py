@@ -1,5 +1,6 @@
-"""GrammarBackend: compile constraints off the scheduler thread with a timeout and an LRU cache, over one of
-three engines chosen by `--grammar-backend` (SGLang's names): llguidance, xgrammar, outlines.
+"""The compile pool, `GrammarBackend` (the seam's BaseGrammarBackend, seam.py): compile constraints off the
+scheduler thread with a timeout and an LRU cache, over one of three engines chosen by `--grammar-backend`
+(SGLang's names): llguidance, xgrammar, outlines.
 
 Threads:
     scheduler thread --submit(kind, spec)--> job queue --> N compile threads (main process)
@@ -10,23 +11,19 @@ Threads:
 Cache: key (kind, spec) -> compiled or GrammarError (failures and timeouts are cached too), LRU-bounded by
 `grammar_cache_size` entries and CACHE_MAX_BYTES of serialized outlines index. Identical specs submitted while
 one compiles share that compile. A compiled entry's `new_state()` is a fresh per-request `Grammar`
-(runtime/constrained/grammar.py), the one class the scheduler uses.
+(runtime/constrained/seam.py).
 
 Scheduler use (non-blocking):
     fut = backend.get_future(sampling_params)          # None when unconstrained; req parked in the grammar queue
     each step: if fut.done(): fut.result() -> Grammar (take .copy()), or raises GrammarCompileError -> abort
     on abort: fut.cancel()
-Fail loud: `require_backend(name)` raises BackendUnavailable (one line: the package and its install command)
-when the configured engine cannot be imported; `create_grammar_backend` calls it, so start-up stops there.
-
-Just over the 400-line soft cap: the three engines' adapters share the compile pool, cache and timeout here.
+Fail loud: `require_backend(name)` (validate.py) raises BackendUnavailable when the configured engine cannot be
+imported; the pool's constructor calls it, so start-up stops there.
 """
 
 from __future__ import annotations
 
 import collections
-import importlib
-import json
 import logging
 import queue
 import threading
@@ -36,17 +33,14 @@ from typing import Any, Protocol
 
 from runtime.config import GrammarConfig
 from runtime.constrained.errors import GrammarValidationError
-from runtime.constrained.grammar import Grammar, GrammarError, VocabInfo
+from runtime.constrained.grammar import GrammarError, VocabInfo
+from runtime.constrained.seam import BaseGrammarBackend, Grammar, GrammarCompileError
+from runtime.constrained.validate import KINDS, params_constraint, require_backend
+from runtime.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 CACHE_MAX_BYTES = 1 << 30  # serialized index bytes kept in the cache
-BACKENDS = ("llguidance", "xgrammar", "outlines")
-KINDS = ("regex", "json_schema", "choices", "ebnf", "structural_tag")
-# backend -> (module, the PyPI package it needs)
-_MODULES = {"llguidance": ("runtime.constrained.llguidance_backend", "llguidance"),
-            "xgrammar": ("runtime.constrained.xgrammar_backend", "xgrammar"),
-            "outlines": ("runtime.constrained.outlines_backend", "outlines-core")}
 _ENGINES = {"llguidance": "LLGuidanceEngine", "xgrammar": "XGrammarEngine", "outlines": "OutlinesEngine"}
 
 
@@ -61,22 +55,6 @@ class Engine(Protocol):
     def new_slot(self) -> Any: ...
     def close_slot(self, slot: Any) -> None: ...
     def compile(self, slot: Any, kind: str, spec: str) -> tuple[Compiled | GrammarError, int, str]: ...
-
-
-class BackendUnavailable(RuntimeError):
-    """The configured grammar backend's package cannot be imported."""
-
-
-def require_backend(name: str) -> Any:
-    """The backend's module; BackendUnavailable naming the package and the install command otherwise."""
-    if name not in _MODULES:
-        raise BackendUnavailable(f"unknown grammar backend {name!r} (choose one of {', '.join(BACKENDS)} or none)")
-    module, package = _MODULES[name]
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise BackendUnavailable(f"--grammar-backend {name} needs the {package!r} package, which failed to import "
-                                 f"({e}); install it with: pip install {package}") from None
 
 
 class GrammarFuture:
@@ -133,7 +111,7 @@ class _Job:
         self.skip = False
 
 
-class GrammarBackend:
+class GrammarBackend(BaseGrammarBackend):
     """Compiles constraints over one vocabulary with the engine `cfg.grammar_backend` names. Thread-safe submit."""
 
     def __init__(self, vocab: Sequence[bytes | None] | VocabInfo, eos_ids: frozenset[int] | None = None,
@@ -174,7 +152,7 @@ class GrammarBackend:
     # ------------------------------------------------------------ public API
 
     def validate(self, kind: str, spec: str) -> None:
-        """Cheap structural check (server process); raises GrammarValidationError (a ValueError)."""
+        """Cheap structural check; raises GrammarValidationError (a ValueError)."""
         if self.engine is None:
             raise GrammarValidationError("constrained decoding is disabled (--grammar-backend none)")
         self.engine.validate(kind, spec)
@@ -202,6 +180,13 @@ class GrammarBackend:
                 job.waiters.append(fut)
                 job.skip = False
             return fut
+
+    def get_future(self, params: SamplingParams) -> SchedulerFuture | None:
+        """The seam: submit `params`' constraint (kind, spec); None for an unconstrained request."""
+        kc = params_constraint(params)
+        if kc is None:
+            return None
+        return SchedulerFuture(self.submit(*kc))
 
     def compile_blocking(self, kind: str, spec: str, timeout: float | None = None) -> Grammar | GrammarError:
         """submit() and wait (tests, benches, offline tools; never the scheduler thread)."""
@@ -314,21 +299,12 @@ def _pct(sorted_vals: list[float], q: float) -> float:
     return sorted_vals[min(len(sorted_vals) - 1, int(q * len(sorted_vals)))]
 
 
-# ------------------------------------------------------------ scheduler seam (runtime/scheduler Protocol)
-
-
-class GrammarCompileError(ValueError):
-    """Raised by the scheduler seam's future for a failed or timed-out compile."""
-
-    def __init__(self, err: GrammarError) -> None:
-        super().__init__(err.message)
-        self.code = err.code
-        self.timed_out = err.timed_out
+# ------------------------------------------------------------ the seam's future
 
 
 class SchedulerFuture:
-    """`done()`, `result()` (a Grammar, whose `copy()` the scheduler takes; raises GrammarCompileError),
-    `cancel()`: the shape runtime/scheduler/scheduler.py's GrammarBackend Protocol polls."""
+    """The seam's CompileFuture (seam.py) over a GrammarFuture: `result()` raises GrammarCompileError instead of
+    returning a GrammarError."""
 
     def __init__(self, inner: GrammarFuture) -> None:
         self.inner = inner
@@ -341,36 +317,11 @@ class SchedulerFuture:
         if out is None:
             raise RuntimeError("grammar compile has not finished")
         if isinstance(out, GrammarError):
-            raise GrammarCompileError(out)
+            raise GrammarCompileError(out.message, out.code, out.timed_out)
         return out
 
     def cancel(self) -> None:
         self.inner.cancel()
-
-
-def params_constraint(params) -> tuple[str, str] | None:  # noqa: ANN001 (SamplingParams)
-    """(kind, spec) of a SamplingParams' constraint, or None."""
-    if params.regex is not None:
-        return "regex", params.regex
-    if params.json_schema is not None:
-        return "json_schema", params.json_schema
-    if params.choices is not None:
-        return "choices", json.dumps(list(params.choices))
-    if params.ebnf is not None:
-        return "ebnf", params.ebnf
-    if params.structural_tag is not None:
-        return "structural_tag", params.structural_tag
-    return None
-
-
-def _get_future(self: GrammarBackend, params) -> SchedulerFuture | None:  # noqa: ANN001
-    kc = params_constraint(params)
-    if kc is None:
-        return None
-    return SchedulerFuture(self.submit(*kc))
-
-
-GrammarBackend.get_future = _get_future  # the scheduler seam: get_future(SamplingParams) -> future | None
 
 
 def create_grammar_backend(cfg, tok) -> GrammarBackend | None:  # noqa: ANN001 (runtime.config.Config, Tokenizer)
@@ -381,27 +332,3 @@ def create_grammar_backend(cfg, tok) -> GrammarBackend | None:  # noqa: ANN001 (
     return GrammarBackend.from_tokenizer(tok, cfg.grammar)
 
 
-def validate_spec(kind: str, spec: str, cfg: GrammarConfig | None = None) -> None:
-    """Server-side check of one constraint with the configured backend's rules (GrammarValidationError names
-    the problem: an unsupported keyword, a size limit, a syntax error)."""
-    cfg = cfg or GrammarConfig()
-    if cfg.grammar_backend == "none":
-        raise GrammarValidationError("constrained decoding is disabled (--grammar-backend none)")
-    if kind not in KINDS:
-        raise GrammarValidationError(f"unknown constraint kind {kind!r} (expected one of {', '.join(KINDS)})")
-    mod = require_backend(cfg.grammar_backend)
-    if cfg.grammar_backend == "outlines":
-        mod.validate(kind, spec, cfg.constrained_json_whitespace_pattern)
-    else:
-        mod.validate(kind, spec, cfg)
-
-
-def validate_params(params, cfg: GrammarConfig | str | None = None) -> None:  # noqa: ANN001 (SamplingParams)
-    """Server-side check of a request's constraint (400 on GrammarValidationError, a ValueError). `cfg` may be
-    the whitespace pattern alone (older callers): then the default backend's rules apply."""
-    kc = params_constraint(params)
-    if kc is None:
-        return
-    if not isinstance(cfg, GrammarConfig):
-        cfg = GrammarConfig(constrained_json_whitespace_pattern=cfg)
-    validate_spec(kc[0], kc[1], cfg)
