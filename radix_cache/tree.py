@@ -32,6 +32,13 @@ import torch
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
+
+def _parent(node: TreeNode) -> TreeNode:
+    """The parent of an attached node below the root (each has one; the root's walk stops before it)."""
+    if node.parent is None:
+        raise RuntimeError(f"node {node.id} is not attached below the root")
+    return node.parent
+
 class TreeNode:
     """One edge of the radix tree (the run of tokens leading into this node) and their KV slots.
 
@@ -211,7 +218,7 @@ class RadixCache:
         upper.children[self.child_key(child.key)] = child
         return upper
 
-    def _touch_path(self, node: TreeNode, now: int) -> None:
+    def _touch_path(self, node: TreeNode | None, now: int) -> None:
         while node is not None:
             node.last_access = now
             node = node.parent
@@ -224,7 +231,7 @@ class RadixCache:
                 self._evictable -= len(node.key)
                 self._locked += len(node.key)
             node.lock_ref += 1
-            node = node.parent
+            node = _parent(node)
 
     def unlock(self, node: TreeNode) -> None:
         """Undo one `lock(node)`. Raises RuntimeError if the path is not locked."""
@@ -232,13 +239,13 @@ class RadixCache:
         while walk is not self.root:
             if walk.lock_ref <= 0:
                 raise RuntimeError(f"unlock of an unlocked node {walk!r}")
-            walk = walk.parent
+            walk = _parent(walk)
         while node is not self.root:
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self._evictable += len(node.key)
                 self._locked -= len(node.key)
-            node = node.parent
+            node = _parent(node)
 
     # ---- eviction ---------------------------------------------------------------------------------------------
     def evict(self, num_tokens: int) -> int:
@@ -246,12 +253,13 @@ class RadixCache:
         evictable; return the number of tokens (slots) freed. A parent left childless becomes a candidate."""
         if num_tokens <= 0:
             return 0
-        heap = [(n.last_access, n.id, n) for n in self._nodes() if n.is_leaf and n.lock_ref == 0]
+        heap: list[tuple[int, int, TreeNode]] = [
+            (n.last_access, n.id, n) for n in self._nodes() if n.is_leaf and n.lock_ref == 0]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
             _, _, leaf = heapq.heappop(heap)
-            parent = leaf.parent
+            parent = _parent(leaf)
             del parent.children[self.child_key(leaf.key)]
             leaf.parent = None
             self._evictable -= len(leaf.key)

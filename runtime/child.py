@@ -53,7 +53,7 @@ def _child_setup(spec: dict, name: str) -> None:
     logging.basicConfig(level=level, format=f"[%(asctime)s {name}] %(levelname)s %(name)s: %(message)s")
 
 
-def start_child(spec: dict, name: str, build: Callable[[Config, zmq.Context], Any]) -> None:
+def start_child(spec: dict, name: str, build: Callable[[Config, zmq.Context, dict], Any]) -> None:
     """Common child body: set up, build (load), report ready or the error, then run the loop."""
     _child_setup(spec, name)
     ctx = zmq.Context()

@@ -86,7 +86,7 @@ class KVManager:
         """Allocate n slots for req's next n tokens and write them into its row (positions cached_len..)."""
         slots = self.alloc(n)
         if slots is not None:
-            self.table.write(req.row, req.cached_len, slots)
+            self.table.write(req.row_index, req.cached_len, slots)
             req.extend_len = n
         return slots
 
@@ -96,7 +96,7 @@ class KVManager:
         changed) when even eviction cannot free enough."""
         slots = self.alloc(len(reqs))
         if slots is not None and reqs:
-            self.table.write_cells([r.row for r in reqs], [r.cached_len for r in reqs], slots)
+            self.table.write_cells([r.row_index for r in reqs], [r.cached_len for r in reqs], slots)
             for r in reqs:
                 r.extend_len = 1
         return slots
@@ -108,7 +108,7 @@ class KVManager:
         end = req.seq_len
         if not req.tree_len <= keep <= end:
             raise RuntimeError(f"trim of {req!r} to {keep} outside [tree_len, seq_len {end}]")
-        self.allocator.free(self.table.read(req.row, keep, end))
+        self.allocator.free(self.table.read(req.row_index, keep, end))
         req.cached_len, req.extend_len = keep, 0
 
     # ---- caching progress -------------------------------------------------------------------------------------
@@ -118,12 +118,12 @@ class KVManager:
         if self.tree is None:
             return
         ids = req.fill_ids[: req.cached_len]
-        slots = self.table.read(req.row, 0, req.cached_len)
+        slots = self.table.read(req.row_index, 0, req.cached_len)
         already = self.tree.insert(ids, slots)
         if already > req.tree_len:
             self.allocator.free(slots[req.tree_len : already])
         m = self.tree.match_prefix(ids, record=False)
-        self.table.write(req.row, 0, m.slots)
+        self.table.write(req.row_index, 0, m.slots)
         self.tree.lock(m.last_node)
         if req.last_node is not None:
             self.tree.unlock(req.last_node)
@@ -141,7 +141,7 @@ class KVManager:
         ids = req.fill_ids[: req.seq_len]
         if self.tree.match_prefix(ids, record=False).length > req.tree_len:
             return
-        self.tree.insert(ids, self.table.read(req.row, 0, req.seq_len))
+        self.tree.insert(ids, self.table.read(req.row_index, 0, req.seq_len))
         m = self.tree.match_prefix(ids, record=False)
         self.tree.lock(m.last_node)
         if req.last_node is not None:
@@ -155,7 +155,7 @@ class KVManager:
             hook(req)
         if req.row is None:
             return
-        slots = self.table.read(req.row, 0, req.cached_len)
+        slots = self.table.read(req.row_index, 0, req.cached_len)
         if self.tree is None:
             self.allocator.free(slots)
         else:

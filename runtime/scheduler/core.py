@@ -141,6 +141,13 @@ class Req:
         return self.origin_input_ids[start:] + self.output_ids[: end - p]
 
     @property
+    def row_index(self) -> int:
+        """Its row of the request-to-token table; only an admitted request has one."""
+        if self.row is None:
+            raise RuntimeError(f"request {self.rid} has no table row (not admitted)")
+        return self.row
+
+    @property
     def fill_len(self) -> int:
         """len(fill_ids), without building the list."""
         return len(self.origin_input_ids) + len(self.output_ids)
@@ -239,7 +246,9 @@ class Batch:
 
     def forward_batch(self) -> ForwardBatch:
         """Immutable tensor view for the runner (the table rows were already written by the scheduler)."""
-        ids, indices, start = [], [], 0
+        ids: list[list[int]] = []
+        indices: list[int] = []
+        start = 0
         for req, offs in zip(self.reqs, self.logit_offsets, strict=True):
             ids.append(req.step_ids())
             indices.extend(start + o for o in offs)
@@ -248,7 +257,7 @@ class Batch:
             input_ids=ids,
             prefix_lens=[r.cached_len for r in self.reqs],
             out_cache_loc=self.out_cache_loc,
-            req_pool_indices=[r.row for r in self.reqs],
+            req_pool_indices=[r.row_index for r in self.reqs],
             num_decode=self.num_decode,
             logits_indices=indices,
         )

@@ -101,7 +101,7 @@ class DraftProposer:
                 act = [a for a in act if len(a.tokens) == j]  # a row with nothing allowed stopped
         finally:
             for a in self._all:
-                if a.advanced:
+                if a.advanced and a.req.grammar is not None:
                     a.req.grammar.rollback(a.advanced)
                 a.st.drafts = list(a.tokens)
                 q = torch.stack(a.qs) if a.qs and len(a.qs) == len(a.tokens) else None

@@ -14,6 +14,7 @@ to a replacement character), so decoding c + 2 tokens always covers a match that
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from runtime.messages import FinishLength, FinishStop
 from runtime.scheduler.core import Req
@@ -27,7 +28,7 @@ def tail_tokens(req: Req) -> int:
     return max(n, REGEX_TAIL_TOKENS) if p.stop_regex else n
 
 
-def check_finished(req: Req, eos_ids: frozenset[int], decode_fn) -> None:
+def check_finished(req: Req, eos_ids: frozenset[int], decode_fn: Callable[[list[int]], str] | None) -> None:
     """Set `req.finish_reason` (and `req.stop_trim` for a matched stop string) when the request is done."""
     p = req.sampling_params
     n = len(req.output_ids)

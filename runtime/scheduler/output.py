@@ -35,6 +35,7 @@ import torch
 from runtime.config import Config
 from runtime.constrained.closing import Closers, in_string
 from runtime.constrained.grammar import apply_grammar_masks, plan_jump_forward
+from runtime.constrained.seam import Grammar
 from runtime.executor.staging import to_device
 from runtime.messages import FinishAbort, FinishLength
 from runtime.sampling import SamplingInfo, compute_logprobs, sample, top_logprobs
@@ -200,17 +201,17 @@ class ResultProcessor:
                 return
         check_finished(req, self.eos_ids, self.decode_fn)
         if jump and req.grammar is not None and not req.finished and self.jump_encode and not req.logprobs.wanted:
-            self._jump_forward(req)
+            self._jump_forward(req, req.grammar, self.jump_encode)
 
-    def _jump_forward(self, req: Req) -> None:
+    def _jump_forward(self, req: Req, grammar: Grammar, encode: Callable[[str], list[int]]) -> None:
         """Append the grammar-forced continuation of `req`, re-tokenizing it together with the token sampled
         this step (so the ids are what the tokenizer gives for the whole text where that token merges with the
         forced text). Only that last token may be replaced: it has not been streamed yet (sent_len is behind it)
         and has no KV yet (decode computes it next step), so neither the client nor the pool sees the change."""
         window = 1 if self.token_bytes is not None and len(req.output_ids) > req.sent_len else 0
         try:
-            plan = plan_jump_forward(req.grammar, req.output_ids, self.token_bytes or (lambda t: b""),
-                                     self.jump_encode, window=window)
+            plan = plan_jump_forward(grammar, req.output_ids, self.token_bytes or (lambda t: b""), encode,
+                                     window=window)
         except Exception:  # jump-forward is an optimisation: on any surprise decode normally
             return
         if plan is None or plan.rollback > window:
@@ -219,7 +220,7 @@ class ResultProcessor:
         if not ids:
             return
         try:
-            req.grammar.replace_tail(plan.rollback, ids)  # restores the grammar state when it raises
+            grammar.replace_tail(plan.rollback, ids)  # restores the grammar state when it raises
         except ValueError:
             return
         if plan.rollback:

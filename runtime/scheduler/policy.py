@@ -43,7 +43,7 @@ def _dfs_weight(reqs: list[Req], nodes: dict[int, TreeNode], tree: RadixCache) -
     weight: dict[int, int] = {}
     at_node: dict[int, list[Req]] = {}
     for r in reqs:
-        node = nodes[id(r)]
+        node: TreeNode | None = nodes[id(r)]
         at_node.setdefault(id(node), []).append(r)
         while node is not None:
             weight[id(node)] = weight.get(id(node), 0) + 1

@@ -94,7 +94,10 @@ def create_scheduler(cfg: Config) -> tuple[Scheduler, ModelInfo]:
     from runtime.tokenizer.load import load_tokenizer
 
     runner = create_model_runner(cfg, progress=False)
-    tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.model_path)
+    path = cfg.model.tokenizer_path or cfg.model.model_path
+    if path is None:
+        raise ValueError("the scheduler needs a resolved model path")
+    tok = load_tokenizer(path)
     draft = None
     if cfg.speculative.speculative_draft_model_path is not None:  # --speculative-algorithm draft
         from runtime.executor.draft import create_draft_runner
@@ -120,7 +123,8 @@ def _grammar_backend(cfg: Config, tok: Any) -> Any:
 
 def _load_factory(path: str) -> Callable[[Config], tuple[LoopScheduler[Any], ModelInfo]]:
     module, _, func = path.partition(":")
-    return getattr(importlib.import_module(module), func)
+    factory: Callable[[Config], tuple[LoopScheduler[Any], ModelInfo]] = getattr(importlib.import_module(module), func)
+    return factory
 
 
 class SchedulerLoop:
@@ -156,7 +160,7 @@ class SchedulerLoop:
                 if isinstance(msg, ShutdownReq):
                     return
                 self._handle(msg)
-            outs = s.step() if self._pool is None else self._overlapped_step()
+            outs = s.step() if self._pool is None else self._overlapped_step(self._pool)
             if outs:
                 self._to_detok.send(BatchTokenOut(outs=outs))
             idle_wait = not outs
@@ -164,13 +168,13 @@ class SchedulerLoop:
             if fwd is not None and fwd[0]:
                 self.timer.add(time.perf_counter() - t0, fwd[1])
 
-    def _overlapped_step(self) -> list[ReqTokenOut]:
+    def _overlapped_step(self, pool: ThreadPoolExecutor) -> list[ReqTokenOut]:
         """One step with the forward on the worker thread; meanwhile new requests are received and queued."""
         s = self.scheduler
         batch = s.begin_step()
         if batch is None:
             return s.end_step(None, None)
-        fut = self._pool.submit(s.forward, batch)
+        fut = pool.submit(s.forward, batch)
         while not fut.done():
             msg = self._recv.recv(timeout_ms=1)
             if isinstance(msg, TokenizedGenerateReq):

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import torch
 
 from runtime.config import Config, resolve
-from runtime.constrained.seam import BaseGrammarBackend
+from runtime.constrained.seam import BaseGrammarBackend, CompileFuture
 from runtime.executor.forward_batch import ForwardBatch
 from runtime.executor.memory import ReqToTokenTable, SlotAllocator
 from runtime.messages import (
@@ -153,7 +153,7 @@ class Scheduler:
 
         for req in [r for r in self.grammar_queue if hit(r)]:
             self.grammar_queue.remove(req)
-            req.grammar_state.future.cancel()
+            self._compile_of(req).cancel()
             self._finish_abort(req, message)
         for req in [r for r in self.waiting if hit(r)]:
             self.waiting.remove(req)
@@ -196,6 +196,8 @@ class Scheduler:
     def end_step(self, batch: Batch | None, logits: torch.Tensor | None) -> list[ReqTokenOut]:
         """The host half after the forward: sample, finish, count; returns the step's outputs."""
         if batch is not None:
+            if logits is None:
+                raise RuntimeError("a step's batch came back without its logits")
             self._count(batch)
             running = {id(r) for r in self.running}
             for req in self.processor.process(batch, logits):
@@ -299,10 +301,18 @@ class Scheduler:
             for r in reasons:
                 self.stats[f"stall_steps_{r}"] += 1
 
+    @staticmethod
+    def _compile_of(req: Req) -> CompileFuture:
+        """The compile a request in the grammar queue waits on (every such request has one)."""
+        fut = req.grammar_state.future
+        if fut is None:
+            raise RuntimeError(f"request {req.rid} is in the grammar queue without a compile")
+        return fut
+
     def _poll_grammars(self) -> None:
         timeout = self.cfg.grammar.grammar_compile_timeout
         for req in list(self.grammar_queue):
-            fut = req.grammar_state.future
+            fut = self._compile_of(req)
             if fut.done():
                 self.grammar_queue.remove(req)
                 try:

@@ -40,6 +40,7 @@ import torch
 
 from runtime.config import Config, SpeculativeConfig
 from runtime.constrained.grammar import unpack_bitmask
+from runtime.constrained.seam import Grammar
 from runtime.executor.staging import to_device
 from runtime.messages import FinishAbort
 from runtime.sampling import SamplingInfo, compute_logprobs, greedy_ids, process_logits, target_probs
@@ -149,7 +150,7 @@ class Speculator:
                 keep.append((req, slot))
                 continue
             # row positions: cached_len = last token (slot), cached_len + i = draft d_i (extra[i - 1])
-            self.kv.table.write(req.row, req.cached_len + 1, extra)
+            self.kv.table.write(req.row_index, req.cached_len + 1, extra)
             req.spec.draft_ids, req.spec.draft_q = drafts, q
             req.extend_len = 1 + len(drafts)
             verify.append((req, torch.cat([slot, extra])))
@@ -177,13 +178,12 @@ class Speculator:
                     drafts = drafts[:i]
                     break
         if drafts and req.grammar is not None:
-            drafts = self._check_grammar(req, drafts)
+            drafts = self._check_grammar(req, req.grammar, drafts)
         return drafts, (prop.q[: len(drafts)] if prop.q is not None and drafts else None)
 
-    def _check_grammar(self, req: Req, drafts: list[int]) -> list[int]:
+    def _check_grammar(self, req: Req, g: Grammar, drafts: list[int]) -> list[int]:
         """Cut `drafts` at the first token the grammar rejects; keep the allowed-token bitmask of the state
         before each verify position (row i: after d_1..d_i) in req.spec.draft_bitmask [len + 1, W]."""
-        g = req.grammar
         bm = torch.zeros((len(drafts) + 1, (self.vocab_size + 31) // 32), dtype=torch.int32)
         g.write_bitmask(bm[0])
         ok = 0

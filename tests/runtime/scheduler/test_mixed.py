@@ -121,7 +121,7 @@ def test_jump_forward_extends_ride_in_decode_steps(monkeypatch):
     proc = sched.processor
     proc.jump_encode = lambda text: []  # jump-forward on; the fake below decides what is forced
 
-    def force_three(req):  # after every 4th token, append the next 3 greedy tokens at once
+    def force_three(req, grammar, encode):  # after every 4th token, append the next 3 greedy tokens at once
         if len(req.output_ids) % 4 == 1 and req.remaining_new_tokens > 3:
             seq = req.origin_input_ids + req.output_ids
             for _ in range(3):
