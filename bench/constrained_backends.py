@@ -1,4 +1,4 @@
-"""Grammar backends side by side (issue 20), called from bench/constrained.py --backends:
+"""Grammar backends side by side, called from bench/constrained.py --backends:
 
 (1) Compile, per backend, over JSONSchemaBench's 475 MaskBench schemas (tests/data/jsonschemabench): share
     compiled, share refused, compile time p50/p99 (one compile thread, cold cache, wall per schema).

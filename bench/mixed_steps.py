@@ -7,7 +7,7 @@ The scheduler on the real SmolLM2 runner, in process: one request is decoding wh
 trickle in). Per mode: forward steps, stall steps by reason, extend tokens computed (the report should be
 computed once), time to first token in steps (p50, max) and wall seconds. Modes alternate within each round;
 the table shows medians over rounds. Step and token counts do not depend on machine load; the wall times do.
-Writes bench/results/mixed_steps_inprocess.md.
+Writes its table to --out (mixed_steps_inprocess.md in bench/results by default).
 """
 
 from __future__ import annotations

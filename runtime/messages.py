@@ -1,6 +1,6 @@
 """Typed messages at every process boundary (docs/protocol.md).
 
-server/TokenizerManager --ToScheduler--> scheduler --ToDetokenizer--> detokenizer --ToTokenizer--> server
+server (TokenizerManager) --ToScheduler--> scheduler --ToDetokenizer--> detokenizer --ToTokenizer--> server
 Every message is a msgspec Struct with a tag; each channel carries a tagged union, msgpack-encoded.
 No pickle anywhere. `Codec(union)` encodes/decodes one channel's messages.
 """

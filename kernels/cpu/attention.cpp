@@ -4,7 +4,7 @@
 // Request row r's i-th token lives in slot req_to_token[r, i] (int32). Nothing is gathered into a padded copy:
 // the kernels walk req_to_token and read each key/value row in place, one block of BLK keys at a time.
 //
-// Ops (registered under radixgen::, schemas at the bottom; kernels/cpu_ops.py documents them for Python):
+// Ops (registered under radixgen::, schemas at the bottom; kernels/cpu/ops.py documents them for Python):
 //   decode  : B requests x 1 new token. Work items are (KV head, key chunk) for the shared prefix (all B*G query
 //             rows of that KV head against one chunk: the prefix is read once per layer) and (request, KV head,
 //             key chunk) for each request's own keys (split-KV). Each item leaves a partial (o, lse) per query row;

@@ -1,5 +1,5 @@
 """Constrained decoding: regex / JSON-schema / choices / ebnf / structural-tag grammars over three backends
-(llguidance, xgrammar, outlines; DESIGN.md section 6).
+(llguidance, xgrammar, outlines).
 
 Public API:
     seam.py: Grammar (what the scheduler side calls on a request's grammar), BaseGrammarBackend (get_future,

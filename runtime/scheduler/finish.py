@@ -1,4 +1,4 @@
-"""Finish checks after a request appends a token (reference/sglang.md 2.12), in SGLang's order:
+"""Finish checks after a request appends a token in SGLang's order:
 
 length (`len(output_ids) >= max_new_tokens`) -> grammar terminated -> EOS / stop_token_ids (unless
 ignore_eos) -> stop strings and stop regexes on the decoded output tail. Nothing but length ends a request

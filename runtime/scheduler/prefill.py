@@ -1,6 +1,6 @@
 """Prefill admission: which waiting requests join this step's extend rows, and how many tokens each computes.
 
-Budgets for one step (SGLang's PrefillAdder, reference/sglang.md 2.5; vLLM V1's one token budget):
+Budgets for one step (SGLang's PrefillAdder; vLLM V1's one token budget):
 - `rem_total`: free + evictable slots, minus the room reserved for running requests' future tokens
   (`min(remaining_new_tokens, CLIP) * new_token_ratio` each); a new request costs its extend tokens plus
   its own reservation. The first request of an otherwise idle scheduler is admitted whenever its prompt fits.

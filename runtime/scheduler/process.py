@@ -211,8 +211,7 @@ class SchedulerLoop:
 
 class StepTimer:
     """Wall time of the loop's decode-only iterations (receive + handle + plan + forward + sample + send), and
-    the part of it inside runner.forward: what is left is the host time per decode step (the lean-step target,
-    issue 17). Cumulative, so a benchmark diffs two reads of /get_server_info. With the overlap schedule the
+    the part of it inside runner.forward: what is left is the host time per decode step. Cumulative, so a benchmark diffs two reads of /get_server_info. With the overlap schedule the
     forward runs on a worker thread and its span is still subtracted. Also the process's cyclic-GC pauses
     (count and seconds), which stall every step they fall in."""
 

@@ -1,6 +1,6 @@
 """The native CPU attention ops (kernels/cpu) against kernels/ref.py, over a sampled grid, plus SmolLM2 greedy.
 
-Grid (issue 18): batch 1-33, contexts 1-4,100, GQA ratios 1/3/8, page sizes 1 and 16, shared prefix on/off,
+Grid: batch 1-33, contexts 1-4,100, GQA ratios 1/3/8, page sizes 1 and 16, shared prefix on/off,
 float32 and bfloat16. The full product would take minutes; each case below picks one point per axis so every
 value of every axis appears, with the expensive corners (long contexts, big batches) kept few.
 Tolerances: float32 1e-5 (the same math in another order); bfloat16 2e-2 (inputs are bf16, both sides

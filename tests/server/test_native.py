@@ -104,7 +104,7 @@ def test_64_concurrent_mixed_requests_then_nothing_leaks(server):
         while not _idle_and_no_leak(st := _internal(c)) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _idle_and_no_leak(st), st
-    # the loop's decode-step timing (issue 17's host time per step): every decode step counted, its forward
+    # the loop's decode-step timing (the host time per step): every decode step counted, its forward
     # a part of its loop iteration
     assert st["decode_steps_timed"] > 0, st
     assert st["decode_step_s_total"] > st["decode_forward_s_total"] > 0, st
