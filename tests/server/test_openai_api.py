@@ -11,21 +11,12 @@ import httpx
 import openai
 import pytest
 
-from tests.server.harness import ServerProc
-
-MAX_TOTAL = 8192
 HELLO = [{"role": "user", "content": "Write a long story about a dragon who lives in a castle."}]
 
 
 @pytest.fixture(scope="module")
-def server():
-    # float32: echo vs no-echo logprobs and seeded reruns compare a cached and an uncached computation
-    # exactly (in bf16 a different matmul shape rounds differently).
-    s = ServerProc("--max-total-tokens", str(MAX_TOTAL), "--log-level", "warning", "--dtype", "float32")
-    try:
-        yield s.wait_ready(300)
-    finally:
-        s.stop()
+def server(float32_server):
+    return float32_server
 
 
 @pytest.fixture(scope="module")

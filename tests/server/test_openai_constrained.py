@@ -18,8 +18,6 @@ import jsonschema
 import openai
 import pytest
 
-from tests.server.harness import ServerProc
-
 MAX_TOKENS = 48
 SCHEMAS = [
     {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
@@ -66,14 +64,8 @@ CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Rome", "Delhi", "Quito", "
 
 
 @pytest.fixture(scope="module")
-def server():
-    # a generous compile limit: 20+ schemas compile at once on a shared CPU (the limit itself is tested
-    # with the grammar backend)
-    s = ServerProc("--max-total-tokens", "8192", "--grammar-compile-timeout", "120", "--log-level", "warning")
-    try:
-        yield s.wait_ready(300)
-    finally:
-        s.stop()
+def server(default_server):
+    return default_server
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ import pytest
 from runtime.tokenizer.generate_input import RequestError
 from server.openai import responses_input as I
 from server.openai import tools as T
-from tests.server.harness import ServerProc
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
         "required": ["city", "population"]}
@@ -23,12 +22,8 @@ WEATHER = [{"type": "function", "name": "get_weather", "description": "The weath
 
 
 @pytest.fixture(scope="module")
-def server():
-    s = ServerProc("--max-total-tokens", "8192", "--log-level", "warning", "--dtype", "float32")
-    try:
-        yield s.wait_ready(300)
-    finally:
-        s.stop()
+def server(float32_server):
+    return float32_server
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.server.harness import ROOT, ServerProc
+from tests.server.harness import ROOT
 
 README = os.path.join(ROOT, "README.md")
 README_URL = "http://127.0.0.1:30000"
@@ -104,13 +104,8 @@ def test_every_block_is_run_or_listed_as_skipped():
 
 
 @pytest.fixture(scope="module")
-def server():
-    # the flags `make serve` uses (none but the address), plus a small KV pool and quiet logs
-    s = ServerProc("--max-total-tokens", "8192", "--log-level", "warning")
-    try:
-        yield s.wait_ready(300)
-    finally:
-        s.stop()
+def server(default_server):
+    return default_server
 
 
 CLIENT_BLOCKS = [b for b in readme_blocks() if _is_client_call(b)]
