@@ -23,10 +23,11 @@ forward the processor keeps the KV of the accepted ones and frees the rest (runt
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+import numpy as np
 import torch
 
+from radix_cache import TreeNode
 from runtime.constrained.closing import window
 from runtime.constrained.seam import CompileFuture, Grammar
 from runtime.executor.forward_batch import ForwardBatch
@@ -76,7 +77,7 @@ class SpecState:
     draft_ids: list[int] = field(default_factory=list)
     draft_q: torch.Tensor | None = None
     draft_bitmask: torch.Tensor | None = None
-    prompt: Any = None
+    prompt: np.ndarray | None = None
     verify_ct: int = 0
     accepted: int = 0  # drafts accepted over all verify steps
     accept_avg: float = 0.0
@@ -101,7 +102,7 @@ class Req:
         self.output_ids: list[int] = []
         # KV bookkeeping (see the module docstring); row is None while the request is not admitted.
         self.row: int | None = None
-        self.last_node: Any = None
+        self.last_node: TreeNode | None = None
         self.tree_len = 0
         self.cached_len = 0
         self.extend_len = 0

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
     from runtime.constrained.seam import BaseGrammarBackend
     from runtime.scheduler.scheduler import Scheduler
+    from runtime.tokenizer.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 DEFAULT_SCHEDULER_FACTORY = "runtime.scheduler.process:create_scheduler"
@@ -111,12 +112,12 @@ def create_scheduler(cfg: Config) -> tuple[Scheduler, ModelInfo]:
     return sched, ModelInfo(runner.context_len, runner.vocab_size, runner.pool.num_slots)
 
 
-def _grammar_backend(cfg: Config, tok: Any) -> Any:
+def _grammar_backend(cfg: Config, tok: Tokenizer) -> BaseGrammarBackend | None:
     """The configured grammar backend; one whose package cannot load raises (BackendUnavailable: one line
     naming the package and its install command), so start-up stops instead of serving without constraints."""
     if cfg.grammar.grammar_backend == "none":
         return None
-    from runtime.constrained import create_grammar_backend
+    from runtime.constrained.pool import create_grammar_backend
 
     return create_grammar_backend(cfg, tok)
 
@@ -137,7 +138,7 @@ class SchedulerLoop:
         self._to_tm = Sender(ctx, ep.tokenizer, ToTokenizer)
         overlap = scheduler.cfg.scheduler.enable_overlap_schedule
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="forward") if overlap else None
-        self._later: list[Any] = []  # messages received during a forward, handled after it
+        self._later: list[ToScheduler] = []  # messages received during a forward, handled after it
         self.timer = StepTimer()
 
     def run(self) -> None:
@@ -183,7 +184,7 @@ class SchedulerLoop:
                 self._later.append(msg)
         return s.end_step(batch, fut.result())
 
-    def _handle(self, msg: Any) -> None:
+    def _handle(self, msg: ToScheduler) -> None:
         try:
             reply = self.scheduler.handle(msg)
         except Exception as e:  # a bad request aborts itself only

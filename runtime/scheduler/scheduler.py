@@ -40,6 +40,7 @@ from runtime.messages import (
     InternalStateOut,
     ReqTokenOut,
     TokenizedGenerateReq,
+    ToScheduler,
 )
 from runtime.sampling import mix_seed
 from runtime.sampling.params import SamplingParams
@@ -111,7 +112,7 @@ class Scheduler:
         self.last_forward: tuple[bool, float] | None = None  # set by forward(), read and cleared by the loop
 
     # ---- input ------------------------------------------------------------------------------------------------
-    def handle(self, msg: Any) -> FlushCacheOut | InternalStateOut | None:
+    def handle(self, msg: ToScheduler) -> FlushCacheOut | InternalStateOut | None:
         if isinstance(msg, TokenizedGenerateReq):
             self._add_request(msg)
         elif isinstance(msg, AbortReq):
