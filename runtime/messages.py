@@ -177,5 +177,5 @@ class Codec:
     def encode(self, msg: Msg) -> bytes:
         return self._enc.encode(msg)
 
-    def decode(self, data: bytes) -> Any:
+    def decode(self, data: bytes | memoryview) -> Any:
         return self._dec.decode(data)

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from runtime.config import ServerConfig
+from runtime.messages import FinishAbort, FinishStop
 from runtime.sampling.params import SamplingParams
 from runtime.tokenizer.generate_input import OpenAINames, RequestError
 from runtime.tokenizer.manager import check_constraint
@@ -262,7 +263,7 @@ def _events(steps, plan=None, n=1, include_usage=True):
     return asyncio.run(run())
 
 
-STOP = {"type": "stop", "matched": 2}
+STOP = FinishStop(matched=2)
 
 
 def test_stream_role_first_then_content_finish_and_usage():
@@ -312,7 +313,7 @@ def test_stream_abort_from_a_bad_grammar_raises_for_the_error_chunk():
 
     from server.openai.streaming import guarded
 
-    fr = {"type": "abort", "message": "failed to compile the grammar: boom"}
+    fr = FinishAbort(message="failed to compile the grammar: boom")
 
     async def run():
         from server.openai.streaming import ChatStream

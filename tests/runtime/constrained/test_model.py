@@ -149,16 +149,16 @@ def test_jump_forward_on_off_valid_and_fewer_steps(smollm_runner, tok, backend) 
 
 
 def test_grammar_error_aborts_only_that_request(smollm_runner, tok, backend, monkeypatch) -> None:
-    from runtime.constrained.grammar import Grammar
+    from runtime.constrained.grammar import MatcherGrammar
 
-    real = Grammar.accept_token
+    real = MatcherGrammar.accept_token
 
     def broken(self, tid):  # the 3rd accepted token of any grammar raises
         if self.num_accepted >= 2:
             raise RuntimeError("simulated matcher failure")
         return real(self, tid)
 
-    monkeypatch.setattr(Grammar, "accept_token", broken)
+    monkeypatch.setattr(MatcherGrammar, "accept_token", broken)
     reqs = {
         "bad": ("A date.", SamplingParams(max_new_tokens=20, temperature=0.0, regex=REGEXES[2][0])),
         "ok": ("Name a fruit.", SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)),
