@@ -137,4 +137,5 @@ def _merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     for o, part_lse in parts:
         term = o.to(acc) * torch.exp(part_lse - lse).unsqueeze(-1).to(acc)
         total = term if total is None else total.add_(term)
+    assert total is not None  # parts is never empty
     return total

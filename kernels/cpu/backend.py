@@ -72,6 +72,7 @@ class CpuAttnBackend(BaseAttnBackend):
         """Decode rows through one decode call, extend rows through one extend call."""
         dec, ext = self._dec, self._ext
         if ext is None:
+            assert dec is not None  # init_forward plans at least one part for a non-empty step
             return self._decode(dec, q, k, v, layer_id)
         if dec is None:
             return self._extend(ext, q, k, v, layer_id)
@@ -84,10 +85,12 @@ class CpuAttnBackend(BaseAttnBackend):
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
         if not self.meta.is_decode:
             raise ValueError("decode() needs a step whose rows are all decode rows")
+        assert self._dec is not None  # init_forward planned it
         return self._decode(self._dec, q, k, v, layer_id)
 
     def extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
         ext = self._ext if self.meta.is_extend else self._plan_extend(self.meta, 0)
+        assert ext is not None  # init_forward planned it for an all-extend step
         return self._extend(ext, q, k, v, layer_id)
 
     def _plan_decode(self, m: AttnMetadata) -> DecodePart:

@@ -14,6 +14,7 @@ the model calls through `linear(x, w)` exactly like a dense weight. In between, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -65,16 +66,16 @@ class QTensor:
 
     def permute_rows(self, fn) -> QTensor:
         """Apply one row permutation `fn` (numpy [N, ...] -> [N, ...]) to codes and scales alike."""
-        def f(t: torch.Tensor | None) -> torch.Tensor | None:
-            if t is None:
-                return None
+        def f(t: torch.Tensor) -> torch.Tensor:
             if t.dtype == torch.float8_e4m3fn:
                 return torch.from_numpy(fn(t.view(torch.uint8).numpy()).copy()).view(torch.float8_e4m3fn)
             return torch.from_numpy(np.ascontiguousarray(fn(t.numpy())))
-        return QTensor(self.kind, f(self.codes), f(self.scale), f(self.zero), self.origin)
+        zero = None if self.zero is None else f(self.zero)
+        return QTensor(self.kind, f(self.codes), f(self.scale), zero, self.origin)
 
     def dequantize(self) -> torch.Tensor:
         if self.kind == "int4":
+            assert self.zero is not None  # every int4 QTensor has zero points
             return rtn.dequantize_int4(self.codes, self.scale, self.zero)
         return rtn.dequantize_scaled(self.codes, self.scale)
 
@@ -84,7 +85,8 @@ def cat_rows(parts: list[QTensor]) -> QTensor:
     kinds = {(p.kind, p.group) for p in parts}
     if len(kinds) != 1:
         raise ValueError(f"cannot fuse quantized weights of different kinds/groups: {sorted(kinds)}")
-    zero = None if parts[0].zero is None else torch.cat([p.zero for p in parts])
+    # parts share one kind, so either all have zero points (int4) or none does
+    zero = None if parts[0].zero is None else torch.cat(cast("list[torch.Tensor]", [p.zero for p in parts]))
     origin = "+".join(sorted({p.origin for p in parts}))
     return QTensor(parts[0].kind, torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]),
                    zero, origin)
@@ -118,9 +120,11 @@ def to_kernel(q: QTensor, device: torch.device | str) -> QuantWeight:
     cpu = torch.device(device).type == "cpu"
     if cpu and q.kind in ("int4", "int8") and use_native(q.shape[1], q.group):
         if q.kind == "int4":
+            assert q.zero is not None  # every int4 QTensor has zero points
             return Q4BlockWeight(q.codes, q.scale, q.zero)
         return Q8BlockWeight(q.codes, q.scale)
     if q.kind == "int4":
+        assert q.zero is not None
         return Int4Weight(q.codes, q.scale, q.zero, device)
     if q.kind == "int8":
         if torch.device(device).type != "cuda" and q.group != q.shape[1]:
@@ -134,6 +138,9 @@ def to_kernel(q: QTensor, device: torch.device | str) -> QuantWeight:
 class QuantEmbedding(nn.Module):
     """An embedding table kept as int8 codes [V, H] + float32 group scales [V, H / G] (GGUF Q8_0); a lookup
     dequantizes only the gathered rows, to the file's exact values in float32 (then `dtype`)."""
+
+    codes: torch.Tensor  # buffers (register_buffer)
+    scale: torch.Tensor
 
     def __init__(self, q: QTensor, dtype: torch.dtype, device: torch.device | str):
         super().__init__()

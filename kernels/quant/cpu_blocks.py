@@ -104,6 +104,9 @@ class BlockWeight(QuantWeight):
 class Q4BlockWeight(BlockWeight):
     """4-bit codes in GGUF Q4_1 blocks (module doc); forward(x [..., K]) -> [..., N] in x's dtype."""
 
+    qs: torch.Tensor  # buffers (register_buffer)
+    dm: torch.Tensor
+
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
         n, k = codes.shape
         super().__init__(n, k)
@@ -131,6 +134,9 @@ class Q4BlockWeight(BlockWeight):
 
 class Q8BlockWeight(BlockWeight):
     """int8 codes with a float16 scale per block of 32 (GGUF Q8_0); forward as Q4BlockWeight's."""
+
+    codes: torch.Tensor  # buffers (register_buffer)
+    d: torch.Tensor
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor):
         n, k = codes.shape

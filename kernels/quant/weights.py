@@ -95,6 +95,11 @@ def _is_cuda(device: torch.device | str) -> bool:
 class Int4Weight(QuantWeight):
     """4-bit codes with an affine map per group of G inputs: w = (q - 8) * scale + zero."""
 
+    packed: torch.Tensor  # buffers (register_buffer): scale/zero on the CUDA layout, scale_zero on CPU's
+    scale: torch.Tensor
+    zero: torch.Tensor
+    scale_zero: torch.Tensor
+
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, device: torch.device | str,
                  triton: bool | None = None):
         super().__init__()
@@ -160,6 +165,9 @@ class Int4Weight(QuantWeight):
 class Int8Weight(QuantWeight):
     """int8 codes times group scales: w = q * scale. On CPU only per-channel scales (G = K) are supported."""
 
+    codes: torch.Tensor  # buffers (register_buffer)
+    scale: torch.Tensor
+
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, device: torch.device | str,
                  triton: bool | None = None):
         super().__init__()
@@ -197,6 +205,9 @@ class Int8Weight(QuantWeight):
 class Fp8Weight(QuantWeight):
     """float8_e4m3fn codes times group scales (per channel: G = K). CUDA only (Triton; the tests run it on CPU
     under TRITON_INTERPRET=1)."""
+
+    bits: torch.Tensor  # buffers (register_buffer)
+    scale: torch.Tensor
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, device: torch.device | str):
         super().__init__()
@@ -243,6 +254,8 @@ class PanelWeight(nn.Module):
     """A dense float32 weight [N, K] held only as column panels [N / 16, K, 16] (a buffer) for the panel kernel of
     kernels/cpu/linear.cpp: dense float32 models on CPUs where it beats MKL (kernels.cpu.ops.panels_preferred).
     forward(x [..., K]) -> [..., N] in x's dtype, computed in float32."""
+
+    panels: torch.Tensor  # buffer (register_buffer)
 
     def __init__(self, w: torch.Tensor) -> None:
         super().__init__()

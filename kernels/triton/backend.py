@@ -51,6 +51,7 @@ class TritonAttnBackend(BaseAttnBackend):
         m = self.meta
         kc, vc = self.k_cache[layer_id], self.v_cache[layer_id]
         store_kv(kc, vc, m.out_cache_loc, k, v)
+        assert self._qo_start is not None  # init_forward set it: this step has extend rows
         return extend_attention(
             q, kc, vc, m.req_to_token, m.req_pool_indices, m.prefix_lens, m.extend_lens,
             self._qo_start, self._max_extend, self.scale,
