@@ -167,7 +167,7 @@ class ExprList(Expr):
         flat: list[Expr] = []
         for it in items:
             flat.extend(it.items if isinstance(it, ExprList) else [it])
-        self.items = flat
+        self.items: list[Expr] = flat
 
     def __repr__(self) -> str:
         return f"ExprList({self.items!r})"

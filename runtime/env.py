@@ -8,7 +8,11 @@ at import, so tests can set them before launching.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,7 @@ class Env:
     that only the tests marked for it pay for inductor compiles)."""
 
 
-def _get(name: str, cast: type, default: object) -> object:
+def _get(name: str, cast: Callable[[str], T], default: T) -> T:
     raw = os.environ.get(f"RADIXGEN_{name}")
     if raw is None or raw == "":
         return default

@@ -73,7 +73,7 @@ class Receiver:
 
     def drain(self) -> list[Any]:
         """Every message already queued, without waiting."""
-        out = []
+        out: list[Any] = []
         while True:
             try:
                 data = self._sock.recv(zmq.NOBLOCK, copy=False)
@@ -100,7 +100,7 @@ class AsyncReceiver:
         return self._codec.decode(data.buffer)
 
     async def poll(self, timeout_ms: int) -> bool:
-        return bool(await self._sock.poll(timeout_ms, zmq.POLLIN))
+        return bool(await self._sock.poll(timeout_ms, zmq.POLLIN))  # type: ignore[call-arg]  # pyzmq's stub drops flags
 
     def close(self) -> None:
         self._sock.close()

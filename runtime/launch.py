@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
@@ -64,9 +64,9 @@ def _main_module_hidden() -> Any:
     main = sys.modules.get("__main__")
     saved = {a: getattr(main, a) for a in ("__file__", "__spec__") if main is not None and hasattr(main, a)}
     try:
-        if "__file__" in saved:
+        if main is not None and "__file__" in saved:
             del main.__file__
-        if "__spec__" in saved:
+        if main is not None and "__spec__" in saved:
             main.__spec__ = None
         yield
     finally:
@@ -179,7 +179,7 @@ class ProcessGroup:
             ready = multiprocessing.connection.wait(list(sentinels))
             if self._closing.is_set():
                 return
-            name = sentinels[ready[0]]
+            name = sentinels[cast(int, ready[0])]  # wait() returns the sentinels it was given
             self.procs[name].join(0.1)
             on_death(f"the {name} process {describe_exit(self.procs[name].exitcode)}")
 

@@ -116,7 +116,8 @@ class Metrics:
                 lines.append(f"{p}{name}{suffix}{_labels({**base, **labels})} {value:g}")
 
         def hist(name: str, help_: str, h: Histogram) -> None:
-            samples, acc = [], 0
+            samples: list[tuple[str, dict[str, str], float]] = []
+            acc = 0
             for bound, c in zip((*h.buckets, float("inf")), h.counts, strict=True):
                 acc += c
                 samples.append(("_bucket", {"le": "+Inf" if bound == float("inf") else f"{bound:g}"}, acc))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 
 class GrammarValidationError(ValueError):
     """A constraint that is malformed (code "invalid_value") or too expensive (code "grammar_too_complex")."""
@@ -11,5 +13,5 @@ class GrammarValidationError(ValueError):
         self.code = code
 
 
-def fail(msg: str, code: str = "invalid_value") -> None:
+def fail(msg: str, code: str = "invalid_value") -> NoReturn:
     raise GrammarValidationError(msg, code)

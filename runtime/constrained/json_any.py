@@ -181,7 +181,7 @@ def _named_keys(group: list[dict]) -> set[str]:
     out: set[str] = set()
     for n in group:
         out.update(n["properties"] if isinstance(n.get("properties"), dict) else ())
-        out.update(k for k in (n.get("required") if isinstance(n.get("required"), list) else ()) if isinstance(k, str))
+        out.update(k for k in (n["required"] if isinstance(n.get("required"), list) else ()) if isinstance(k, str))
         for k in ("dependentRequired", "dependencies"):
             for name, v in (n[k].items() if isinstance(n.get(k), dict) else ()):
                 out.add(name)

@@ -47,7 +47,8 @@ def json_type(v: Any) -> str:
         return "boolean"
     if isinstance(v, (int, float)):
         return "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(v), "null")
+    names: dict[type, str] = {str: "string", list: "array", dict: "object"}
+    return names.get(type(v), "null")
 
 
 def _key(v: Any) -> str:
@@ -147,7 +148,7 @@ class _Prover:
     @staticmethod
     def _value_schema(s: dict, key: str) -> Any:
         """The schema `s` puts on the value of `key` (False: the key is forbidden; None: not known)."""
-        props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
+        props = s["properties"] if isinstance(s.get("properties"), dict) else {}
         if key in props:
             return props[key]
         if "patternProperties" in s:

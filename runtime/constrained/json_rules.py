@@ -127,7 +127,7 @@ def bound_runaway_values(schema: dict | bool, enabled: bool = True, formats: boo
                 s["minimum"] = -MAX_SAFE_INTEGER
             if "maximum" not in s and "exclusiveMaximum" not in s:
                 s["maximum"] = MAX_SAFE_INTEGER
-        limit = FORMAT_MAX_LENGTH.get(s.get("format")) if isinstance(s.get("format"), str) else None
+        limit = FORMAT_MAX_LENGTH.get(s["format"]) if isinstance(s.get("format"), str) else None
         if formats and limit is not None and not isinstance(s.get("maxLength"), int):
             s["maxLength"] = limit
         if formats and s.get("format") in ("email", "idn-email") and "pattern" not in s:

@@ -44,6 +44,8 @@ def _build_detokenizer_loop(cfg: Config, ctx: zmq.Context, spec: dict) -> Detoke
     from runtime.detokenizer.state import Detokenizer
     from runtime.tokenizer.load import load_tokenizer
 
-    tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.model_path)
+    path = cfg.model.tokenizer_path or cfg.model.model_path
+    assert path is not None  # the launcher resolves model_path before children start
+    tok = load_tokenizer(path)
     detok = Detokenizer(tok.decode, spec.get("detokenizer_max_states", 65536))
     return DetokenizerLoop(detok, ctx, Endpoints(**spec["endpoints"]))

@@ -66,6 +66,7 @@ def fit_context(context_len: int, prompt_len: int, requested: int | None, defaul
     if names is None:
         if room <= 0 or (requested is not None and requested > room):
             want = requested if requested is not None else default
+            assert want is not None  # native requests always carry a default (SamplingParams.max_new_tokens)
             raise RequestError(
                 f"This model's maximum context length is {context_len} tokens. However, you requested "
                 f"{prompt_len + want} tokens ({prompt_len} in the prompt, {want} for the completion).",
