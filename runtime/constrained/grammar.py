@@ -278,7 +278,7 @@ def _constrained_bitmask(grammars: Sequence[Grammar | None], vocab_size: int) ->
     rows = [i for i, g in enumerate(grammars) if g is not None]
     bm = torch.zeros((len(rows), (vocab_size + 31) // 32), dtype=torch.int32)
     if rows:
-        _fill_rows([grammars[i] for i in rows], bm)
+        _fill_rows([g for g in grammars if g is not None], bm)  # the grammars of `rows`, in order
     return rows, bm
 
 

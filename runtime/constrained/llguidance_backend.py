@@ -19,7 +19,7 @@ import copy
 import dataclasses
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance as llg
 import torch
@@ -31,6 +31,9 @@ from runtime.constrained.json_caps import Caps
 from runtime.constrained.json_rules import bound_numbers, bound_runaway_values, parse_schema
 from runtime.constrained.schema import choices_regex
 from runtime.constrained.structural_tag import lark_grammar, parse_structural_tag
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # declared only in llguidance's stub
 
 _EXECUTOR: llg.LLExecutor | None = None
 
@@ -64,7 +67,7 @@ def build_tokenizer(tokens: Sequence[bytes], special_ids: frozenset[int], eos_id
     return llg.LLTokenizer(llg.TokenizerWrapper(wrapper), eos_token=sorted(eos_ids))
 
 
-def _json_options(cfg: GrammarConfig) -> dict[str, Any]:
+def _json_options(cfg: GrammarConfig) -> JsonCompileOptions:
     ws = cfg.constrained_json_whitespace_pattern
     if ws is None:
         return {"whitespace_flexible": False}  # compact JSON: no whitespace between tokens

@@ -142,6 +142,7 @@ class _Worker:
         env["PYTHONPATH"] = _REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
         self.proc = subprocess.Popen([sys.executable, "-m", "runtime.constrained.worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, bufsize=0, env=env, cwd=_REPO_ROOT)
+        assert self.proc.stdin is not None  # stdin=PIPE
         self.proc.stdin.write(self._init)
         self.proc.stdin.flush()
         ready = self._read(time.monotonic() + WORKER_READY_TIMEOUT)
@@ -151,6 +152,7 @@ class _Worker:
 
     def _read(self, deadline: float) -> dict | None:
         """One frame, or None on timeout / EOF."""
+        assert self.proc is not None and self.proc.stdout is not None  # a spawned worker; stdout=PIPE
         fd = self.proc.stdout.fileno()
         buf = bytearray()
         need = _HEADER.size
@@ -175,6 +177,7 @@ class _Worker:
         self.crashed = False
         if self.proc is None or self.proc.poll() is not None:
             self._spawn()
+        assert self.proc is not None and self.proc.stdin is not None  # _spawn set it; stdin=PIPE
         data = msgspec.msgpack.encode({"op": "compile", "id": job_id, "kind": kind, "spec": spec, "ws": ws})
         try:
             self.proc.stdin.write(_HEADER.pack(len(data)) + data)
@@ -194,6 +197,7 @@ class _Worker:
                 self.proc.kill()
             self.proc.wait()
             for f in (self.proc.stdin, self.proc.stdout):
+                assert f is not None  # both are pipes
                 with contextlib.suppress(OSError):
                     f.close()
             self.proc = None

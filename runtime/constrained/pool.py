@@ -83,6 +83,7 @@ class GrammarFuture:
                 return None
             self._outcome = self._job.outcome
         out = self._outcome
+        assert out is not None  # a job sets its outcome before its event
         self._grammar = out if isinstance(out, GrammarError) else out.new_state()
         return self._grammar
 

@@ -103,6 +103,7 @@ class TorchCudaGraph:
         return self.out
 
     def replay(self) -> torch.Tensor:
+        assert self.graph is not None  # capture() ran first
         self.graph.replay()
         return self.out
 
@@ -187,11 +188,13 @@ class DecodeGraphRunner:
             if out is None:
                 out = torch.empty((fb.batch_size, *part.shape[1:]), dtype=part.dtype, device=part.device)
             out[lo:hi].copy_(part)  # before the next replay overwrites the bucket's output
+        assert out is not None  # batch_size > max_bs: the loop ran
         return out
 
     def _replay_one(self, fb: ForwardBatch) -> torch.Tensor:
         bs = fb.batch_size
         bucket = bucket_for(self.buckets, bs)
+        assert bucket is not None  # callers pass at most max_bs rows
         host = pad_decode_metadata(fb, bucket, self.pad_slot)
         if self.device.type == "cuda":
             host = host.pin_memory()  # caching host allocator: the block outlives the async copy

@@ -69,11 +69,11 @@ def tied_head(embed: torch.Tensor | QTensor, mode: str) -> torch.Tensor | QTenso
 
 
 def _head(kept: QTensor | None, w: torch.Tensor | None, mode: str) -> QTensor:
-    if mode == "fp8":
-        return quantize(kept.dequantize() if kept is not None else w, "fp8", 0)
-    if kept is not None and kept.kind == "int8":
+    if kept is not None and kept.kind == "int8" and mode != "fp8":
         return kept
-    return quantize(kept.dequantize() if kept is not None else w, "int8", 0)
+    dense = kept.dequantize() if kept is not None else w
+    assert dense is not None  # callers pass exactly one of kept, w
+    return quantize(dense, "fp8" if mode == "fp8" else "int8", 0)
 
 
 def describe(weights: dict) -> str:

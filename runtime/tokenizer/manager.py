@@ -82,6 +82,8 @@ def check_constraint(sp: SamplingParams, grammar: GrammarConfig | str | None, na
 class ReqState:
     """One rid's accumulated output, updated by `_handle_loop`, read by its `generate` consumer."""
 
+    sink: asyncio.Queue[ReqState] | None  # None once its consumer is gone
+
     def __init__(self, rid: str, index: int, sink: asyncio.Queue, req: GenerateRequest, sp: SamplingParams,
                  prompt_len: int) -> None:
         self.rid, self.index, self.sink, self.req = rid, index, sink, req
@@ -201,7 +203,7 @@ class TokenizerManager:
         if self.failed:
             raise RequestError(self.failed, None, "server_unavailable", 503, "server_error")
         prepared = [(req, *self._validate(req)) for req in reqs]
-        rids_of = []
+        rids_of: list[list[str]] = []
         for req, sp, _ in prepared:
             base = req.rid or uuid.uuid4().hex
             rids = [base] if sp.n == 1 else [f"{base}_{i}" for i in range(sp.n)]

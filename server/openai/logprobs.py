@@ -36,7 +36,8 @@ class LogprobFormatter:
 
     def completion(self, pairs: list, tops: list | None, k: int, offset: int) -> dict[str, Any]:
         """A completions `logprobs` object; text offsets start at `offset` (the echoed prompt's length)."""
-        tokens, lps, top_out, offsets = [], [], [], []
+        tokens, lps, offsets = [], [], []
+        top_out: list[dict[str, float] | None] = []
         for i, (lp, tid, *_) in enumerate(pairs):
             text = self.tm.token_text(tid)
             tokens.append(text)
