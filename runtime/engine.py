@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import queue
 import threading
-from collections.abc import Awaitable, Iterator
+from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 import msgspec
@@ -66,7 +66,7 @@ class Engine:
         self._dead = reason
         self._loop.call_soon_threadsafe(self._tm.fail_all, reason)
 
-    def _call(self, coro: Awaitable[T]) -> T:
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return fut.result()

@@ -172,7 +172,7 @@ class ProcessGroup:
             self._ready.close()
             self._ctx.destroy(linger=0)
 
-    def watch(self, on_death: Callable[[str], None]) -> None:
+    def watch(self, on_death: Callable[[str], object]) -> None:
         """Call `on_death(reason)` once, from a thread, if a child exits while not shutting down."""
         def run() -> None:
             sentinels = {p.sentinel: name for name, p in self.procs.items()}
@@ -261,7 +261,7 @@ class Launch:
         tm.start()
         return tm
 
-    def watch(self, on_death: Callable[[str], None]) -> None:
+    def watch(self, on_death: Callable[[str], object]) -> None:
         self.group.watch(on_death)
 
     def shutdown(self) -> None:

@@ -121,7 +121,9 @@ async def _serve(launch: Launch) -> int:
     srv = cfg.server
     server = _Server(uvicorn.Config(create_app(state), host=srv.host, port=srv.port, log_level=srv.log_level,
                                     access_log=False, lifespan="off",
-                                    timeout_graceful_shutdown=max(1.0, srv.shutdown_timeout + 0.5)), on_signal)
+                                    # uvicorn annotates an int; its asyncio.timeout takes this float as it is
+                                    timeout_graceful_shutdown=max(1.0, srv.shutdown_timeout + 0.5)),  # type: ignore[arg-type]
+                     on_signal)
     serving = asyncio.ensure_future(_guard(server.serve()))
     ready_future = _in_thread(loop, launch.wait_ready)
     try:

@@ -49,7 +49,12 @@ def run_tp_node(cfg: Config) -> int:
         per = par.tp_size // par.nnodes
         print(f"radixgen tp node {par.node_rank} ready (ranks {par.node_rank * per}-{(par.node_rank + 1) * per - 1})",
               flush=True)
-        group.watch(lambda why: (reason.append(why), done.set()))
+
+        def on_death(why: str) -> None:
+            reason.append(why)
+            done.set()
+
+        group.watch(on_death)
         while not done.wait(0.5):  # a timed wait lets the signal handler run
             pass
         if reason:

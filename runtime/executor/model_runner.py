@@ -68,7 +68,7 @@ class ModelRunner:
         quantized = describe_quantized(weights)
         reduce = None
         if self.tp_size > 1:  # this rank's heads and MLP columns (the whole model's shape checked first)
-            weights = tensor_parallel.shard_weights(weights, arch, tp_rank, self.tp_size)
+            weights = dict(tensor_parallel.shard_weights(weights, arch, tp_rank, self.tp_size))
             arch = tensor_parallel.local_arch(arch, self.tp_size)
             tp.init_group(cfg, tp_rank)
             reduce = tensor_parallel.all_reduce_sum()

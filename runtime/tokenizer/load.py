@@ -52,7 +52,9 @@ def _from_hf_dir(path: str) -> Tokenizer:
     probe = backend.encode("a", add_special_tokens=True).ids
     adds_bos = bos is not None and probe[:1] == [bos]
     if config.get("add_bos_token") and not adds_bos and bos is not None:
-        _with_bos_eos(backend, {bos: backend.id_to_token(bos)}, bos, None, True, False)
+        bos_text = backend.id_to_token(bos)
+        assert bos_text is not None  # bos came from token_to_id
+        _with_bos_eos(backend, {bos: bos_text}, bos, None, True, False)
         adds_bos = True
     template_file = os.path.join(path, "chat_template.jinja")
     if os.path.isfile(template_file):

@@ -50,7 +50,7 @@ def parse_prompts(v: Any, tm: TokenizerManager) -> list[tuple[list[int], str | N
     else:
         raise RequestError("'prompt' must be a string, an array of strings, an array of token ids or an array "
                            "of token-id arrays", "prompt", "invalid_type")
-    out = []
+    out: list[tuple[list[int], str | None]] = []
     for i, p in enumerate(items):
         param = "prompt" if len(items) == 1 else f"prompt[{i}]"
         if isinstance(p, str):

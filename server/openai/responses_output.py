@@ -104,6 +104,7 @@ class ResponseStream:
             if fr is None:
                 continue
             status, _ = status_of(fr)
+            calls: list[dict[str, Any]]
             if streaming:
                 content, calls = text, []
             else:
