@@ -19,7 +19,7 @@ import copy
 import dataclasses
 import json
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import llguidance as llg
 import torch

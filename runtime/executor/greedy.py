@@ -6,6 +6,8 @@ No scheduler, no cache: every request gets a fresh table row and fresh slots. Us
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from runtime.executor.forward_batch import ForwardBatch
@@ -17,9 +19,10 @@ class OfflineBatch:
 
     def __init__(self, runner: ModelRunner, prompts: list[list[int]]) -> None:
         self.runner = runner
-        self.rows = [runner.req_to_token.alloc_row() for _ in prompts]
-        if None in self.rows:
+        rows = [runner.req_to_token.alloc_row() for _ in prompts]
+        if None in rows:
             raise RuntimeError("not enough request rows")
+        self.rows = cast("list[int]", rows)  # no None left: checked above
         self.lens = [0] * len(prompts)
         self.owned: list[torch.Tensor] = []
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from collections.abc import Callable
-from typing import NamedTuple
+from collections.abc import Callable, Iterable
+from typing import NamedTuple, cast, overload
 
 import torch
 from torch import nn
@@ -83,6 +83,12 @@ def rope_gathered(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
 Weight = torch.Tensor | quant.QTensor
 
 
+@overload
+def _frozen(t: torch.Tensor, device: torch.device) -> nn.Parameter: ...
+@overload
+def _frozen(t: quant.QTensor, device: torch.device) -> quant.QuantWeight: ...
+@overload
+def _frozen(t: None, device: torch.device) -> None: ...
 def _frozen(t: Weight | None, device: torch.device) -> nn.Parameter | quant.QuantWeight | None:
     """A dense weight as a frozen Parameter on `device`; a QTensor packed into the device's kernel layout."""
     if t is None:
@@ -94,9 +100,9 @@ def _frozen(t: Weight | None, device: torch.device) -> nn.Parameter | quant.Quan
 
 def _cat(parts: list[Weight]) -> Weight:
     """Fuse weights along rows (dense tensors or QTensors alike)."""
-    if isinstance(parts[0], quant.QTensor):
-        return quant.cat_rows(parts)
-    return torch.cat(parts, dim=0).contiguous()
+    if isinstance(parts[0], quant.QTensor):  # parts are alike: cat_rows and torch.cat reject a mix
+        return quant.cat_rows(cast("list[quant.QTensor]", parts))
+    return torch.cat(cast("list[torch.Tensor]", parts), dim=0).contiguous()
 
 
 # The linear weights of the model (layers and head), by attribute name: what a runner may repack for its kernels.
@@ -108,7 +114,8 @@ class LlamaLayer(nn.Module):
         super().__init__()
         p = f"model.layers.{i}."
         qkv = [w.pop(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
-        bias = torch.cat([w.pop(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if arch.attention_bias else None
+        biases = [w.pop(p + f"self_attn.{n}_proj.bias") for n in "qkv"] if arch.attention_bias else []
+        bias = torch.cat(cast("list[torch.Tensor]", biases)) if biases else None  # biases are never quantized
         d = device
         self.ln_attn = _frozen(w.pop(p + "input_layernorm.weight"), d)  # [H] float32
         self.w_qkv = _frozen(_cat(qkv), d)  # [(Hq + 2 Hkv) * D, H]
@@ -123,6 +130,8 @@ class LlamaLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    cos_sin: torch.Tensor  # buffer (register_buffer)
+
     def __init__(self, arch: ModelArch, weights: dict[str, Weight], device: str | torch.device = "cpu",
                  dtype: torch.dtype | None = None, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  ) -> None:
@@ -136,13 +145,19 @@ class LlamaForCausalLM(nn.Module):
         dev = torch.device(device)
         w = dict(weights)
         embed = w.pop("model.embed_tokens.weight")
+        self.embed: quant.QuantEmbedding | nn.Parameter
         if isinstance(embed, quant.QTensor):  # GGUF Q8_0 rows, dequantized on lookup
             self.embed = quant.QuantEmbedding(embed, dtype or torch.get_default_dtype(), dev)
         else:
             self.embed = _frozen(embed, dev)  # [V, H]
         self.norm = _frozen(w.pop("model.norm.weight"), dev)
         head = w.pop("lm_head.weight", None)  # the loader adds one for a tied model whose head is quantized
-        self.lm_head = self.embed if head is None else _frozen(head, dev)
+        self.lm_head: torch.Tensor | quant.QuantWeight
+        if head is None:  # tied: the embedding is dense (a quantized one comes with its head)
+            assert isinstance(self.embed, torch.Tensor)
+            self.lm_head = self.embed
+        else:
+            self.lm_head = _frozen(head, dev)
         self.layers = nn.ModuleList(LlamaLayer(w, i, arch, dev) for i in range(arch.num_layers))
         self.q_size = arch.num_heads * arch.head_dim
         self.kv_size = arch.num_kv_heads * arch.head_dim
@@ -173,7 +188,8 @@ class LlamaForCausalLM(nn.Module):
         if not ew.fused_rope:
             cs = self.cos_sin[positions].unsqueeze(1)  # [T, 1, D], once for all layers
             cos, sin = cs[..., : a.head_dim // 2], cs[..., a.head_dim // 2 :]
-        for i, lw in enumerate(self.layers):
+        layers: Iterable[LlamaLayer] = self.layers  # type: ignore[assignment]  # nn.ModuleList is not generic
+        for i, lw in enumerate(layers):
             x, residual = ew.rmsnorm(h, lw.ln_attn, a.rms_eps, residual)
             qkv = quant.linear(x, lw.w_qkv, lw.b_qkv)  # [T, (Hq + 2 Hkv) D]
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -195,6 +211,7 @@ class LlamaForCausalLM(nn.Module):
             h = quant.linear(ew.silu_mul(quant.linear(x, lw.w_gate_up)), lw.w_down)
             if self.reduce is not None:
                 h = self.reduce(h)
+        assert residual is not None  # set by the first layer
         last = (h + residual)[logits_indices]
         x = ew.rmsnorm(last, self.norm, a.rms_eps)[0]
         logits = quant.linear(x, self.lm_head)
