@@ -171,6 +171,7 @@ class StreamExecutor:
     def resolve_sampling_params(self, params: ir.SamplingParams) -> ir.SamplingParams:
         """Run defaults <- gen's values; dtype becomes a regex; the template's stop strings are added."""
         out = params.merged_over(self.default_sampling_para)
+        assert isinstance(out.stop, list)  # merged_over made it a list
         if out.dtype is not None:
             if out.regex is not None:
                 logger.warning("gen has both dtype and regex: dtype %s wins", out.dtype)
@@ -190,7 +191,7 @@ class StreamExecutor:
             return
         # Streaming: the variable grows chunk by chunk; its final event fires at the end.
         acc = ""
-        meta: dict = {}
+        meta = {}
         if name is not None:
             self.variables[name] = ""
         for chunk, meta in self.backend.generate_stream(self, params):
