@@ -167,7 +167,7 @@ class ChatStream:
                 ch.sent = len(text)
         elif done:  # required, or auto held back while it looked like a call
             if mode == "required":
-                calls = T.parse_constrained(self.plan, text)
+                calls = T.parse_constrained(self.plan, text) or []  # [] when cut short: the text is content
                 content = None if calls else text
             else:
                 content, calls = T.parse_auto(self.plan, text)

@@ -308,6 +308,27 @@ def test_stream_auto_holds_a_call_and_streams_plain_text():
     assert [e["choices"][0]["delta"].get("content") for e in evs[1:3]] == ["Sun", "ny."]
 
 
+def test_stream_required_call_cut_short_without_parallel_calls_is_content():
+    import asyncio
+
+    from runtime.messages import FinishLength
+    from server.openai.streaming import ChatStream
+
+    text = '{"name": "get_wea'  # a required call cut by max_tokens: it does not parse
+    stream = ChatStream(FakeHandle([(0, text, FinishLength(length=5))]),
+                        {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                         "system_fingerprint": None},
+                        1, T.parse_tools([WEATHER], "required"), None, 0, False, None, parallel=False)
+
+    async def run():
+        return [ev async for ev in stream.events()]
+
+    evs = asyncio.run(run())
+    assert [e["choices"][0]["delta"].get("content") for e in evs[1:-1]] == [text]
+    assert not any("tool_calls" in e["choices"][0]["delta"] for e in evs)
+    assert evs[-1]["choices"][0]["finish_reason"] == "length"
+
+
 def test_stream_abort_from_a_bad_grammar_raises_for_the_error_chunk():
     import asyncio
 
