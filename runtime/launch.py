@@ -37,6 +37,7 @@ from runtime.ipc import Endpoints, Receiver, remove_ipc_dir
 from runtime.messages import ModelInfo, ReadyMsg
 from runtime.models.registry import resolve_model_path
 from runtime.tokenizer.manager import StatsSink, TokenizerManager
+from runtime.tokenizer.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 CHILDREN = ("scheduler", "detokenizer")
@@ -232,7 +233,7 @@ class Launch:
     def start(self) -> None:
         self.group.start()
 
-    def wait_ready(self) -> tuple[Any, ModelInfo]:
+    def wait_ready(self) -> tuple[Tokenizer, ModelInfo]:
         """Load the tokenizer in a daemon thread while the children load; (tokenizer, the scheduler's
         ModelInfo) once both are done. A failure of either raises (LaunchError for the children)."""
         from runtime.tokenizer.load import load_tokenizer
@@ -254,7 +255,7 @@ class Launch:
             raise value
         return value, model
 
-    def tokenizer_manager(self, tokenizer: Any, model: ModelInfo, stats: StatsSink | None) -> TokenizerManager:
+    def tokenizer_manager(self, tokenizer: Tokenizer, model: ModelInfo, stats: StatsSink | None) -> TokenizerManager:
         """Build and start the TokenizerManager (call on the running event loop that will use it)."""
         tm = TokenizerManager(self.cfg, tokenizer, self.group.endpoints, model, stats,
                               self.env.abort_confirm_timeout)

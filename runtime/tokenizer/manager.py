@@ -49,6 +49,7 @@ from runtime.messages import (
 )
 from runtime.sampling.params import SamplingParams
 from runtime.tokenizer.generate_input import GenerateRequest, OpenAINames, RequestError, fit_context
+from runtime.tokenizer.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +164,7 @@ class RequestHandle:
 
 
 class TokenizerManager:
-    def __init__(self, cfg: Config, tokenizer: Any, endpoints: Endpoints, info: ModelInfo,
+    def __init__(self, cfg: Config, tokenizer: Tokenizer, endpoints: Endpoints, info: ModelInfo,
                  stats: StatsSink | None = None, abort_confirm_timeout: float = 30.0) -> None:
         self.cfg, self.tokenizer, self.info, self.stats = cfg, tokenizer, info, stats
         self.context_len, self.vocab_size = info.context_len, info.vocab_size

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,7 +105,7 @@ class ChatStream:
     fmt: LogprobFormatter | None  # None: no logprobs asked
     top_k: int
     include_usage: bool
-    usage_of: Any  # callable: list of final meta dicts -> usage dict
+    usage_of: Callable[[list[dict[str, Any]]], dict[str, Any]]  # final meta dicts -> usage dict
     parallel: bool = True  # parallel_tool_calls: False keeps at most the first call
 
     def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
