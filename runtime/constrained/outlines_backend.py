@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from typing import cast
 
 import msgspec
 import torch
@@ -102,7 +103,7 @@ class OutlinesGrammar(MatcherGrammar):
         self._guide = None  # rebuilt by replay when a mask is next needed
 
     def is_accepting(self) -> bool:
-        return self.compiled.index.is_final_state(self.state)
+        return bool(self.compiled.index.is_final_state(self.state))  # outlines_core has no type stubs
 
     def _only_eos_next(self) -> bool:
         if not self.is_accepting():
@@ -167,7 +168,7 @@ class _Worker:
                     return None
                 buf += chunk
             if have_header:
-                return msgspec.msgpack.decode(bytes(buf[_HEADER.size:need]))
+                return cast(dict, msgspec.msgpack.decode(bytes(buf[_HEADER.size:need])))  # frames are maps
             need = _HEADER.size + _HEADER.unpack(bytes(buf[:_HEADER.size]))[0]
             have_header = True
 

@@ -29,14 +29,17 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from runtime.config import GrammarConfig
+from runtime.config import Config, GrammarConfig
 from runtime.constrained.errors import GrammarValidationError
 from runtime.constrained.grammar import GrammarError, VocabInfo
 from runtime.constrained.seam import BaseGrammarBackend, Grammar, GrammarCompileError
 from runtime.constrained.validate import KINDS, params_constraint, require_backend
 from runtime.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from runtime.tokenizer.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +149,7 @@ class GrammarBackend(BaseGrammarBackend):
                 t.start()
 
     @classmethod
-    def from_tokenizer(cls, tok, cfg: GrammarConfig | None = None, num_workers: int = 2) -> GrammarBackend:  # noqa: ANN001
+    def from_tokenizer(cls, tok: Tokenizer, cfg: GrammarConfig | None = None, num_workers: int = 2) -> GrammarBackend:
         """From runtime.tokenizer.Tokenizer: byte tokens, special tokens apart, its EOS set and encoder."""
         return cls(vocab_info(tok), cfg=cfg, num_workers=num_workers)
 
@@ -286,7 +289,7 @@ class GrammarBackend(BaseGrammarBackend):
         job.event.set()
 
 
-def vocab_info(tok) -> VocabInfo:  # noqa: ANN001 (runtime.tokenizer.Tokenizer)
+def vocab_info(tok: Tokenizer) -> VocabInfo:
     """The vocabulary of a runtime Tokenizer: byte tokens; special tokens (and EOS) apart, with their text."""
     special = frozenset(tok.special_ids) | frozenset(tok.eos_token_ids)
     tokens = [None if i in special else tok.token_bytes(i) for i in range(tok.vocab_size)]
@@ -325,7 +328,7 @@ class SchedulerFuture:
         self.inner.cancel()
 
 
-def create_grammar_backend(cfg, tok) -> GrammarBackend | None:  # noqa: ANN001 (runtime.config.Config, Tokenizer)
+def create_grammar_backend(cfg: Config, tok: Tokenizer) -> GrammarBackend | None:
     """What runtime/scheduler/process.py calls in the scheduler process; raises BackendUnavailable (start-up
     stops)."""
     if cfg.grammar.grammar_backend == "none":

@@ -273,7 +273,7 @@ def json_schema_regex(spec: str, whitespace: str | None) -> str:
     from outlines_core.json_schema import build_regex_from_schema
 
     try:
-        regex = build_regex_from_schema(json.dumps(rewritten), "" if whitespace is None else whitespace)
+        regex: str = build_regex_from_schema(json.dumps(rewritten), "" if whitespace is None else whitespace)
     except (ValueError, TypeError) as e:
         _fail(f"unsupported JSON schema: {str(e).splitlines()[0]}")
     for name, sub in rw.subs.items():

@@ -18,9 +18,12 @@ import os
 import struct
 import sys
 import time
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, cast
 
 import msgspec
+
+if TYPE_CHECKING:
+    from outlines_core import Vocabulary
 
 _HEADER = struct.Struct(">I")
 
@@ -40,10 +43,10 @@ def read_frame(inp: BinaryIO) -> dict | None:
     data = inp.read(n)
     if len(data) < n:
         return None
-    return msgspec.msgpack.decode(data)
+    return cast(dict, msgspec.msgpack.decode(data))  # every frame of the protocol is a map
 
 
-def build_vocabulary(vocab: list[bytes | None], eos: int):  # noqa: ANN201 (outlines_core.Vocabulary)
+def build_vocabulary(vocab: list[bytes | None], eos: int) -> Vocabulary:
     from outlines_core import Vocabulary
 
     table: dict[bytes, list[int]] = {}
@@ -53,7 +56,7 @@ def build_vocabulary(vocab: list[bytes | None], eos: int):  # noqa: ANN201 (outl
     return Vocabulary(eos, table)
 
 
-def compile_one(vocabulary, kind: str, spec: str, ws: str | None) -> dict:  # noqa: ANN001
+def compile_one(vocabulary: Vocabulary, kind: str, spec: str, ws: str | None) -> dict:
     from outlines_core import Index
 
     from runtime.constrained.errors import GrammarValidationError

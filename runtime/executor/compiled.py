@@ -19,12 +19,17 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
 
 from runtime.executor.cuda_graph import CPU_BUCKETS, DecodeGraphRunner, Forward, capture_buckets
 from runtime.models.attn_op import opaque_attend, register_backend
+
+if TYPE_CHECKING:
+    from kernels.api import BaseAttnBackend
+    from runtime.models.llama import LlamaForCausalLM
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +61,8 @@ class CompiledGraph:
             return self.fn(*self.args)
 
 
-def build_compiled_decode(model, attn, req_to_token: torch.Tensor, pad_slot: int, max_bs: int,
-                          progress: bool = True) -> DecodeGraphRunner | None:
+def build_compiled_decode(model: LlamaForCausalLM, attn: BaseAttnBackend, req_to_token: torch.Tensor,
+                          pad_slot: int, max_bs: int, progress: bool = True) -> DecodeGraphRunner | None:
     """Compile decode graphs for the CPU buckets up to `max_bs`; None (with one warning) if compiling fails."""
     import torch._dynamo
 

@@ -29,11 +29,15 @@ import bisect
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from runtime.executor.forward_batch import ForwardBatch
+
+if TYPE_CHECKING:
+    from kernels.api import BaseAttnBackend
+    from runtime.models.llama import Attend, LlamaForCausalLM
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +91,7 @@ class Graph(Protocol):
 class TorchCudaGraph:
     """torch.cuda.CUDAGraph over a memory pool shared by all buckets (largest captured first)."""
 
-    def __init__(self, pool, stream: torch.cuda.Stream) -> None:
+    def __init__(self, pool: torch.cuda._POOL_HANDLE, stream: torch.cuda.Stream) -> None:
         self.pool, self.stream = pool, stream
         self.graph: torch.cuda.CUDAGraph | None = None
 
@@ -111,7 +115,7 @@ class TorchCudaGraph:
 class DecodeBody(torch.nn.Module):
     """The captured function: the model's forward over the static buffers, attention through `attend`."""
 
-    def __init__(self, model, attend) -> None:
+    def __init__(self, model: LlamaForCausalLM, attend: Attend) -> None:
         super().__init__()
         self.model, self.attend = model, attend
 
@@ -124,8 +128,8 @@ class DecodeGraphRunner:
     logit_idx, attend)` is the forward (attend defaults to `attn.forward`); on CUDA `attn` must keep every
     device buffer its decode kernels read fixed across steps."""
 
-    def __init__(self, model, attn, req_to_token: torch.Tensor, pad_slot: int, max_bs: int,
-                 graph_factory: Callable[[], Graph] | None = None, attend=None,
+    def __init__(self, model: LlamaForCausalLM, attn: BaseAttnBackend, req_to_token: torch.Tensor, pad_slot: int,
+                 max_bs: int, graph_factory: Callable[[], Graph] | None = None, attend: Attend | None = None,
                  buckets: tuple[int, ...] = BUCKETS, label: str = "CUDA graphs",
                  on_bucket: Callable[[int], None] | None = None, split_larger: bool = False) -> None:
         self.model, self.attn = model, attn
