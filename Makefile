@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.radixgen-setup
 HOST    ?= 127.0.0.1
 PORT    ?= 30000
 
-.PHONY: setup serve serve-dp test lint bench bench-peers clean
+.PHONY: setup serve serve-dp test typecheck lint bench bench-peers clean
 
 setup: $(STAMP)
 
@@ -27,8 +27,12 @@ serve: setup
 serve-dp: setup
 	$(BIN)/radixgen serve --dp-size 2 --host $(HOST) --port $(PORT)
 
-test: setup
+# The type checker first (configuration in pyproject.toml: every product package, the seams strictly).
+test: setup typecheck
 	$(BIN)/python -m pytest -q --durations=20 tests
+
+typecheck: setup
+	$(BIN)/mypy
 
 lint: setup
 	$(BIN)/ruff check runtime radix_cache kernels server frontend_lang tests bench
