@@ -222,7 +222,7 @@ class ServerConfig:
     port: int = 30000
     """Port to bind."""
     api_key: str | None = None
-    """Require `Authorization: Bearer KEY` on every route but health and metrics."""
+    """Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every route but health and metrics."""
     chat_template: str | None = None
     """Chat template: a jinja file or a built-in name (default: the model's own)."""
     log_level: str = "info"

@@ -1,6 +1,7 @@
 """The FastAPI application: middleware, error handlers and routers over a `ServerState` (server/http.py).
 
-Routers: `server/native.py` (SGLang's native API) and `server/openai/` (the OpenAI-compatible API).
+Routers: `server/native.py` (SGLang's native API), `server/openai/` (the OpenAI-compatible API) and
+`server/anthropic/` (Anthropic's Messages API).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from server.anthropic import router as anthropic_router
 from server.auth import GuardMiddleware
 from server.errors import install_error_handlers
 from server.http import JSON, ServerState
@@ -58,6 +60,7 @@ def create_app(state: ServerState) -> FastAPI:
     install_error_handlers(app)
     app.include_router(native_router)
     app.include_router(openai_router)
+    app.include_router(anthropic_router)
     routes = frozenset(r.path for r in flat_routes(app.routes))
     srv = state.cfg.server
     app.add_middleware(_HttpCounter, metrics=state.metrics, routes=routes)

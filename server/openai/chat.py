@@ -147,11 +147,8 @@ def _tool_calls(v: Any, param: str) -> list[dict[str, Any]]:
 
 def tokenize_chat(body: P.Body, state: ServerState, tm: TokenizerManager, messages: list[dict],
               plan: T.ToolPlan) -> list[int]:
-    chars = sum(len(m.get("content") or "") for m in messages)
-    if chars > 32 * tm.context_len:
-        raise RequestError(f"the messages are far longer than the context ({tm.context_len} tokens)", "messages",
-                           "context_length_exceeded")
-    template = chat_template(state, tm)
+    """The prompt's token ids, with the template options a chat body may set (chat_template_kwargs,
+    continue_final_message, add_generation_prompt)."""
     kwargs = body.raw("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise RequestError("'chat_template_kwargs' must be an object", "chat_template_kwargs", "invalid_type")
@@ -162,12 +159,26 @@ def tokenize_chat(body: P.Body, state: ServerState, tm: TokenizerManager, messag
     add_gen = body.boolean("add_generation_prompt", not cont)
     if cont and messages[-1]["role"] != "assistant":
         raise RequestError("continue_final_message needs a final assistant message", "continue_final_message")
+    return render_chat(state, tm, messages, plan, add_gen, cont, kwargs)
+
+
+def render_chat(state: ServerState, tm: TokenizerManager, messages: list[dict], plan: T.ToolPlan,
+                add_generation_prompt: bool = True, continue_final: bool = False,
+                template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    """Normalized chat messages (parse_messages' shape) and a tool plan -> the prompt's token ids, rendered by
+    the chat template (control tokens come only from it). Every chat-shaped route tokenizes through here."""
+    chars = sum(len(m.get("content") or "") for m in messages)
+    if chars > 32 * tm.context_len:
+        raise RequestError(f"the messages are far longer than the context ({tm.context_len} tokens)", "messages",
+                           "context_length_exceeded")
+    template = chat_template(state, tm)
     msgs, tool_specs = T.prompt_messages(messages, plan, T.template_supports_tools(template))
     if not T.template_supports_tools(template):
         msgs = [{**m, "content": m.get("content") or ""} for m in msgs]
     try:
-        return tm.tokenizer.encode_chat(msgs, add_generation_prompt=add_gen, tools=tool_specs,
-                                        chat_template=template, continue_final_message=cont, **kwargs)
+        return tm.tokenizer.encode_chat(msgs, add_generation_prompt=add_generation_prompt, tools=tool_specs,
+                                        chat_template=template, continue_final_message=continue_final,
+                                        **(template_kwargs or {}))
     except (ValueError, TypeError, KeyError, IndexError) as e:
         raise RequestError(f"the chat template could not render these messages: {e}"[:500], "messages",
                            "invalid_value") from None

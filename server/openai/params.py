@@ -161,20 +161,21 @@ def sampling_params(body: Body, srv: ServerConfig, vocab_size: int) -> dict[str,
     return sp
 
 
-def stop_strings(v: Any, srv: ServerConfig) -> list[str]:
+def stop_strings(v: Any, srv: ServerConfig, param: str = "stop") -> list[str]:
+    """Stop strings from a string or a list of strings, bounded in count and length; errors name `param`."""
     if v is None:
         return []
     stops = [v] if isinstance(v, str) else v
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise RequestError("'stop' must be a string or a list of strings", "stop", "invalid_type")
+        raise RequestError(f"'{param}' must be a string or a list of strings", param, "invalid_type")
     if len(stops) > srv.max_stop_strings:
-        raise RequestError(f"'stop' may hold at most {srv.max_stop_strings} strings, got {len(stops)}", "stop",
+        raise RequestError(f"'{param}' may hold at most {srv.max_stop_strings} strings, got {len(stops)}", param,
                            "invalid_value")
     for s in stops:
         if s == "":
-            raise RequestError("'stop' cannot contain an empty string", "stop", "invalid_value")
+            raise RequestError(f"'{param}' cannot contain an empty string", param, "invalid_value")
         if len(s) > srv.max_stop_string_len:
-            raise RequestError(f"each stop string may have at most {srv.max_stop_string_len} characters", "stop",
+            raise RequestError(f"each stop string may have at most {srv.max_stop_string_len} characters", param,
                                "invalid_value")
     return stops
 

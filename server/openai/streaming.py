@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,23 +31,39 @@ logger = logging.getLogger(__name__)
 _END = object()
 
 
-def sse_response(events: AsyncIterator[dict[str, Any]], named: bool = False) -> StreamingResponse:
-    return StreamingResponse(guarded(events, named), media_type="text/event-stream",
+ErrorChunk = Callable[[RequestError], dict[str, Any]]
+
+
+def openai_error_chunk(e: RequestError) -> dict[str, Any]:
+    return error_body(e.message, e.type, e.param, e.code)
+
+
+def sse_response(events: AsyncIterator[dict[str, Any]], named: bool = False,
+                 error_chunk: ErrorChunk = openai_error_chunk, done: bool = True) -> StreamingResponse:
+    return StreamingResponse(guarded(events, named, error_chunk, done), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def guarded(events: AsyncIterator[dict[str, Any]], named: bool = False) -> AsyncIterator[bytes]:
-    """SSE bytes of `events`; an error while streaming becomes an error chunk; always ends with [DONE].
-    named: each event also gets an `event: <its type>` line (the Responses API's framing)."""
+async def guarded(events: AsyncIterator[dict[str, Any]], named: bool = False,
+                  error_chunk: ErrorChunk = openai_error_chunk, done: bool = True) -> AsyncIterator[bytes]:
+    """SSE bytes of `events`; an error while streaming becomes `error_chunk(error)`; ends with [DONE] when
+    `done`. named: each event (and an error chunk that has a `type`) also gets an `event: <its type>` line (the
+    Responses and Anthropic framing)."""
+
+    def frame(ev: dict[str, Any]) -> bytes:
+        return (b"event: " + ev["type"].encode() + b"\n" + sse(ev)) if named and "type" in ev else sse(ev)
+
     try:
         async for ev in events:
-            yield (b"event: " + ev["type"].encode() + b"\n" + sse(ev)) if named else sse(ev)
+            yield frame(ev)
     except RequestError as e:
-        yield sse(error_body(e.message, e.type, e.param, e.code))
+        yield frame(error_chunk(e))
     except Exception as e:
         logger.exception("error while streaming")
-        yield sse(error_body(f"internal error: {type(e).__name__}", "server_error", None, "internal_error"))
-    yield SSE_DONE
+        yield frame(error_chunk(RequestError(f"internal error: {type(e).__name__}", None, "internal_error", 500,
+                                             "server_error")))
+    if done:
+        yield SSE_DONE
 
 
 async def merged(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, dict[str, Any]]]:
@@ -98,7 +114,7 @@ class _Choice:
 class ChatStream:
     """Turns one chat handle's cumulative results into chat.completion.chunk dicts."""
 
-    handle: RequestHandle
+    handle: AsyncIterable[dict[str, Any]]  # a RequestHandle (or an iterator over its results)
     base: dict[str, Any]  # id, object, created, model, system_fingerprint
     n: int
     plan: T.ToolPlan
