@@ -13,7 +13,7 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.server.conftest import ServerProc
+from tests.server.harness import ServerProc
 
 KEY = "test-key"
 GREEDY = {"extra_body": {"temperature": 0}}
