@@ -58,9 +58,14 @@ def usage(state: ServerState, meta: dict[str, Any]) -> dict[str, Any]:
 
 def content_blocks(content: str | None, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Text then tool_use blocks; a call whose input is not a JSON object (cut by max_tokens) stays text."""
-    blocks = [b for b in (tool_use_block(c) for c in calls) if b is not None]
+    blocks: list[dict[str, Any]] = []
     texts = [content] if content else []
-    texts += [c["function"]["arguments"] for c in calls if tool_use_block(c) is None]
+    for call in calls:
+        block = tool_use_block(call)
+        if block is None:
+            texts.append(call["function"]["arguments"])
+        else:
+            blocks.append(block)
     text = "".join(texts)
     return ([{"type": "text", "text": text}] if text or not blocks else []) + blocks
 

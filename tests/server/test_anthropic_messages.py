@@ -172,6 +172,12 @@ def test_bad_inputs_get_the_envelope_and_the_server_keeps_serving(client, server
     assert "--reasoning-parser" in _refused(client, 400, "invalid_request_error", model="default", max_tokens=4,
                                             messages=HELLO, thinking={"type": "enabled", "budget_tokens": 1024})
     assert "model" in _refused(client, 404, "not_found_error", model="claude-no-such", max_tokens=4, messages=HELLO)
+    unserved = {**WEATHER, "input_schema": {"type": "object", "properties": {"n": {"not": {"const": 3}}}}}
+    # refused before the stream starts: a 400, not an error event
+    with pytest.raises(anthropic.BadRequestError) as e, client.messages.stream(
+            model="default", max_tokens=8, messages=HELLO, tools=[unserved], tool_choice={"type": "any"}) as stream:
+        stream.get_final_message()
+    assert e.value.body["type"] == "error" and "not" in e.value.body["error"]["message"]
     bad = anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0, timeout=30)
     with pytest.raises(anthropic.AuthenticationError) as e:
         bad.messages.create(model="default", max_tokens=4, messages=HELLO)
@@ -183,5 +189,7 @@ def test_bad_inputs_get_the_envelope_and_the_server_keeps_serving(client, server
                       headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
         r = c.get("/v1/messages", headers={"x-api-key": KEY})
         assert r.status_code == 405 and r.json()["type"] == "error"
+        r = c.post("/v1/messages", content=b"x" * (9 * 1024 * 1024), headers={"x-api-key": KEY})
+        assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
     ok = client.messages.create(model="default", max_tokens=2, messages=HELLO)
     assert ok.content and ok.usage.output_tokens >= 1

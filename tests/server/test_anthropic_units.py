@@ -15,6 +15,7 @@ from server.anthropic import messages as M
 from server.anthropic import params as A
 from server.anthropic import response as R
 from server.anthropic import tools as AT
+from server.anthropic.routes import _peek
 from server.anthropic.streaming import MessageStream
 from server.errors import anthropic_error_body, envelope
 from server.openai.streaming import ChatStream, guarded
@@ -307,3 +308,32 @@ def test_error_mid_stream_is_an_error_event_without_done():
     assert frames[1] == b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":' \
                         b'"runtime died"}}\n\n'
     assert len(frames) == 2
+
+
+class _Handle:
+    """A RequestHandle's iteration protocol over scripted results, recording aborts."""
+
+    def __init__(self, results: list[dict]) -> None:
+        self.results, self.aborted = results, 0
+
+    async def __aiter__(self):
+        for r in self.results:
+            yield r
+
+    def abort(self) -> None:
+        self.aborted += 1
+
+
+def test_peek_raises_a_request_error_before_the_stream_and_replays_the_first_result():
+    bad = _Handle([_result("", {"type": "abort", "message": "grammar: unsupported keyword 'not'",
+                                "status_code": 400}, 0)])
+    e = err(lambda: asyncio.run(_peek(bad)))
+    assert (e.status, "not" in e.message, bad.aborted) == (400, True, 1)
+    good = _Handle([_result("a", None, 1), _result("ab", {"type": "length"}, 2)])
+
+    async def run() -> tuple[dict, list[dict]]:
+        first, items = await _peek(good)
+        return first, [r async for r in items]
+
+    first, items = asyncio.run(run())
+    assert first["text"] == "a" and [r["text"] for r in items] == ["a", "ab"] and good.aborted == 1
