@@ -90,59 +90,70 @@ def test_stop_sequence_and_prefill(client, server):
     text = text_of(full)
     assert len(text) >= 8, text
     stop = text[len(text) // 2:len(text) // 2 + 3]  # greedy: the same answer stops where this first appears
-    cut, prefilled = par(
+    prefill = [*HELLO, {"role": "assistant", "content": "My favorite is"}]
+    cut, prefilled, ref = par(
         lambda: client.messages.create(model="default", max_tokens=12, **GREEDY, messages=HELLO,
                                        stop_sequences=[stop]),
-        lambda: client.messages.create(model="default", max_tokens=6, **GREEDY,
-                                       messages=[*HELLO, {"role": "assistant", "content": "My favorite is"}]))
+        lambda: client.messages.create(model="default", max_tokens=6, **GREEDY, messages=prefill),
+        lambda: chat(server, prefill, 6, continue_final_message=True, add_generation_prompt=False))
     assert (cut.stop_reason, cut.stop_sequence) == ("stop_sequence", stop)
     assert text_of(cut) == text[:text.index(stop)]
-    ref = chat(server, [*HELLO, {"role": "assistant", "content": "My favorite is"}], 6, continue_final_message=True,
-               add_generation_prompt=False)
     assert text_of(prefilled) == ref["choices"][0]["message"]["content"]
 
 
+def _streamed(client, **kw):
+    with client.messages.stream(**kw) as stream:
+        return list(stream.text_stream), stream.get_final_message()
+
+
+def _raw_event_types(client, **kw) -> list[str]:
+    with client.messages.create(**kw, stream=True) as raw:
+        return [ev.type for ev in raw]
+
+
 def test_stream_text_and_final_message(client):
-    whole = client.messages.create(model="default", max_tokens=10, **GREEDY, messages=HELLO)
-    with client.messages.stream(model="default", max_tokens=10, **GREEDY, messages=HELLO) as stream:
-        pieces = list(stream.text_stream)
-        final = stream.get_final_message()
+    ask = {"model": "default", "max_tokens": 10, "messages": HELLO}
+    whole, (pieces, final), kinds = par(lambda: client.messages.create(**ask, **GREEDY),
+                                        lambda: _streamed(client, **ask, **GREEDY),
+                                        lambda: _raw_event_types(client, **{**ask, "max_tokens": 4}))
     assert "".join(pieces) == text_of(final) == text_of(whole)
     assert len(pieces) > 1  # streamed, not one lump
     assert final.stop_reason == whole.stop_reason and final.usage.output_tokens == whole.usage.output_tokens
     assert final.usage.input_tokens + final.usage.cache_read_input_tokens == \
         whole.usage.input_tokens + whole.usage.cache_read_input_tokens
-    with client.messages.create(model="default", max_tokens=4, messages=HELLO, stream=True) as raw:
-        kinds = [ev.type for ev in raw]
     assert kinds[:2] == ["message_start", "content_block_start"] and kinds[-2:] == ["message_delta", "message_stop"]
     assert kinds.count("content_block_start") == kinds.count("content_block_stop") == 1
 
 
 def test_tool_round_trip_with_tool_choice_any(client, server):
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
-    msg = client.messages.create(model="default", max_tokens=40, **GREEDY, messages=ask, tools=[WEATHER],
-                                 tool_choice={"type": "any"})
+    msg, (_, streamed) = par(
+        lambda: client.messages.create(model="default", max_tokens=40, **GREEDY, messages=ask, tools=[WEATHER],
+                                       tool_choice={"type": "any"}),
+        lambda: _streamed(client, model="default", max_tokens=40, **GREEDY, messages=ask, tools=[WEATHER],
+                          tool_choice={"type": "tool", "name": "get_weather"}))
     assert msg.stop_reason == "tool_use", msg
     (use,) = [b for b in msg.content if b.type == "tool_use"]
     assert use.name == "get_weather" and use.id.startswith("toolu_")
     jsonschema.validate(use.input, WEATHER["input_schema"])
-    with client.messages.stream(model="default", max_tokens=40, **GREEDY, messages=ask, tools=[WEATHER],
-                                tool_choice={"type": "tool", "name": "get_weather"}) as stream:
-        streamed = stream.get_final_message()
     (named,) = streamed.content
     assert named.type == "tool_use" and streamed.stop_reason == "tool_use"
     jsonschema.validate(named.input, WEATHER["input_schema"])
     follow = [*ask, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in msg.content]},
               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "18C, sunny"}]}]
-    answer = client.messages.create(model="default", max_tokens=12, **GREEDY, messages=follow,
-                                    tools=[WEATHER])
-    assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
     ref_messages = [*ask, {"role": "assistant", "content": None, "tool_calls": [
         {"id": use.id, "type": "function", "function": {"name": "get_weather", "arguments": json.dumps(use.input)}}]},
         {"role": "tool", "tool_call_id": use.id, "name": "get_weather", "content": "18C, sunny"}]
-    ref = chat(server, ref_messages, 12, tools=[{"type": "function", "function": {
-        "name": WEATHER["name"], "description": WEATHER["description"], "parameters": WEATHER["input_schema"]}}])
+    chat_tool = {"type": "function", "function": {"name": WEATHER["name"], "description": WEATHER["description"],
+                                                  "parameters": WEATHER["input_schema"]}}
+    answer, ref = par(
+        lambda: client.messages.create(model="default", max_tokens=12, **GREEDY, messages=follow, tools=[WEATHER]),
+        lambda: chat(server, ref_messages, 12, tools=[chat_tool]))
     assert answer.usage.input_tokens + answer.usage.cache_read_input_tokens == ref["usage"]["prompt_tokens"]
+    ref_msg = ref["choices"][0]["message"]
+    assert [b.name for b in answer.content if b.type == "tool_use"] == \
+        [c["function"]["name"] for c in ref_msg.get("tool_calls") or []]
+    assert text_of(answer) == (ref_msg["content"] or "")
 
 
 def test_count_tokens(client, server):
