@@ -13,6 +13,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from runtime.messages import FinishReason
 from runtime.tokenizer.generate_input import RequestError
 from server.anthropic.tools import tool_use_block
 from server.http import ServerState
@@ -29,7 +30,7 @@ def message(mid: str, model: str) -> dict[str, Any]:
             "stop_reason": None, "stop_sequence": None, "usage": None}
 
 
-def chat_reason(fr: Any, has_calls: bool) -> str:
+def chat_reason(fr: FinishReason | None, has_calls: bool) -> str:
     """The chat route's finish reason (stop, length, tool_calls, abort) of a finished output."""
     reason = C.finish_reason(fr) or "stop"
     return "tool_calls" if has_calls and reason == "stop" else reason

@@ -12,8 +12,8 @@ Errors on these paths use Anthropic's envelope (server/errors.py `envelope`).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from typing import Any, NamedTuple
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, NamedTuple, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -116,7 +116,7 @@ async def create_message(request: Request) -> Response:
 async def _peek(handle: RequestHandle) -> tuple[dict[str, Any], AsyncIterator[dict[str, Any]]]:
     """(the handle's first result, an iterator over all of its results); a request error in the first result
     is raised here. The handle is aborted when the iterator is left early or this is cancelled."""
-    it = handle.__aiter__()
+    it = cast(AsyncGenerator[dict[str, Any], None], handle.__aiter__())  # RequestHandle.__aiter__ is one
     try:
         first = await it.__anext__()
         err = C.abort_error(first["meta_info"]["finish_reason"])

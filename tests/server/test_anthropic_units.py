@@ -10,6 +10,7 @@ import json
 import pytest
 
 from runtime.config import ServerConfig
+from runtime.messages import FinishAbort, FinishLength, FinishReason, FinishStop
 from runtime.tokenizer.generate_input import RequestError
 from server.anthropic import messages as M
 from server.anthropic import params as A
@@ -219,7 +220,7 @@ def test_envelope_by_path():
 # ---------------------------------------------------------------- the event stream
 
 
-def _result(text: str, fr: dict | None, completion: int) -> dict:
+def _result(text: str, fr: FinishReason | None, completion: int) -> dict:
     return {"index": 0, "text": text, "output_ids": [], "meta_info": {
         "finish_reason": fr, "prompt_tokens": 20, "completion_tokens": completion, "cached_tokens": 4}}
 
@@ -245,7 +246,7 @@ def _events(results: list[dict], tools=None, stops=()) -> list[dict]:
 
 def test_text_stream_order():
     evs = _events([_result("Hel", None, 1), _result("Hello", None, 2),
-                   _result("Hello!", {"type": "stop", "matched": "END"}, 3)], stops=["END"])
+                   _result("Hello!", FinishStop(matched="END"), 3)], stops=["END"])
     assert [e["type"] for e in evs] == ["message_start", "ping", "content_block_start", "content_block_delta",
                                         "content_block_delta", "content_block_delta", "content_block_stop",
                                         "message_delta", "message_stop"]
@@ -259,7 +260,7 @@ def test_text_stream_order():
 def test_any_tool_stream_is_whole_input_json():
     tools = AT.parse([WEATHER], {"type": "any"})
     out = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
-    evs = _events([_result(out[:10], None, 3), _result(out, {"type": "stop", "matched": 2}, 12)], tools)
+    evs = _events([_result(out[:10], None, 3), _result(out, FinishStop(matched=2), 12)], tools)
     kinds = [e["type"] for e in evs]
     assert kinds == ["message_start", "ping", "content_block_start", "content_block_delta", "content_block_stop",
                      "message_delta", "message_stop"]
@@ -271,7 +272,7 @@ def test_any_tool_stream_is_whole_input_json():
 
 def test_named_tool_stream_streams_input():
     tools = AT.parse([WEATHER], {"type": "tool", "name": "get_weather"})
-    evs = _events([_result('{"city"', None, 2), _result('{"city": "Rome"}', {"type": "stop", "matched": 2}, 5)],
+    evs = _events([_result('{"city"', None, 2), _result('{"city": "Rome"}', FinishStop(matched=2), 5)],
                   tools)
     deltas = [e["delta"]["partial_json"] for e in evs if e["type"] == "content_block_delta"]
     assert len(deltas) == 2 and json.loads("".join(deltas)) == {"city": "Rome"}
@@ -281,7 +282,7 @@ def test_named_tool_stream_streams_input():
 def test_auto_tool_stream_puts_text_before_tools():
     tools = AT.parse([WEATHER], None)
     out = '{"name": "get_weather", "arguments": {"city": "Lima"}} Checking Lima.'
-    evs = _events([_result(out, {"type": "stop", "matched": 2}, 20)], tools)
+    evs = _events([_result(out, FinishStop(matched=2), 20)], tools)
     starts = [e["content_block"]["type"] for e in evs if e["type"] == "content_block_start"]
     assert starts == ["text", "tool_use"]
     assert [e["index"] for e in evs if e["type"] == "content_block_stop"] == [0, 1]
@@ -289,7 +290,7 @@ def test_auto_tool_stream_puts_text_before_tools():
 
 
 def test_empty_output_is_one_empty_text_block_and_length_is_max_tokens():
-    evs = _events([_result("", {"type": "length"}, 1)])
+    evs = _events([_result("", FinishLength(length=2), 1)])
     assert [e["type"] for e in evs][2:5] == ["content_block_start", "content_block_stop", "message_delta"]
     assert evs[-2]["delta"]["stop_reason"] == "max_tokens"
 
@@ -325,11 +326,10 @@ class _Handle:
 
 
 def test_peek_raises_a_request_error_before_the_stream_and_replays_the_first_result():
-    bad = _Handle([_result("", {"type": "abort", "message": "grammar: unsupported keyword 'not'",
-                                "status_code": 400}, 0)])
+    bad = _Handle([_result("", FinishAbort(message="grammar: unsupported keyword 'not'", status_code=400), 0)])
     e = err(lambda: asyncio.run(_peek(bad)))
     assert (e.status, "not" in e.message, bad.aborted) == (400, True, 1)
-    good = _Handle([_result("a", None, 1), _result("ab", {"type": "length"}, 2)])
+    good = _Handle([_result("a", None, 1), _result("ab", FinishLength(length=2), 2)])
 
     async def run() -> tuple[dict, list[dict]]:
         first, items = await _peek(good)
