@@ -57,8 +57,10 @@ def usage(state: ServerState, meta: dict[str, Any]) -> dict[str, Any]:
             "cache_creation_input_tokens": 0, "output_tokens": u["completion_tokens"]}
 
 
-def content_blocks(content: str | None, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Text then tool_use blocks; a call whose input is not a JSON object (cut by max_tokens) stays text."""
+def content_blocks(content: str | None, calls: list[dict[str, Any]], reasoning: str | None = None
+                   ) -> list[dict[str, Any]]:
+    """A thinking block (the reasoning a reasoning parser split out), then text, then tool_use blocks; a call
+    whose input is not a JSON object (cut by max_tokens) stays text."""
     blocks: list[dict[str, Any]] = []
     texts = [content] if content else []
     for call in calls:
@@ -68,7 +70,8 @@ def content_blocks(content: str | None, calls: list[dict[str, Any]]) -> list[dic
         else:
             blocks.append(block)
     text = "".join(texts)
-    return ([{"type": "text", "text": text}] if text or not blocks else []) + blocks
+    thinking = [{"type": "thinking", "thinking": reasoning, "signature": ""}] if reasoning else []
+    return thinking + ([{"type": "text", "text": text}] if text or not blocks else []) + blocks
 
 
 def complete(state: ServerState, snapshot: dict[str, Any], result: dict[str, Any], content: str | None,

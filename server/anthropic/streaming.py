@@ -3,7 +3,8 @@
 
 Order, as the `anthropic` client's stream helpers accumulate it: `message_start` (the message without content,
 usage as known at the first output), `ping`, then per content block `content_block_start`,
-`content_block_delta`... (`text_delta`; `input_json_delta` for a tool_use block), `content_block_stop`; then
+`content_block_delta`... (`thinking_delta` for the reasoning a reasoning parser split out of a thinking
+request's output, `text_delta`, `input_json_delta` for a tool_use block), `content_block_stop`; then
 `message_delta` (`stop_reason`, `stop_sequence`, the final cumulative usage) and `message_stop`. Text streams
 as it is generated (held back while an auto tool call may be coming, as in the chat stream); a named tool's
 input streams as generated; other tool calls come whole after the text, as in the whole message. A failure
@@ -40,6 +41,11 @@ class _Blocks:
         if self.open is not None:
             self.out.append({"type": "content_block_stop", "index": self.index})
             self.open, self.index = None, self.index + 1
+
+    def thinking(self, text: str) -> None:
+        if self.open != "thinking":
+            self._start({"type": "thinking", "thinking": "", "signature": ""})
+        self._delta({"type": "thinking_delta", "thinking": text})
 
     def text(self, text: str) -> None:
         if self.open != "text":
@@ -79,6 +85,8 @@ class MessageStream:
                 continue
             choice = chunk["choices"][0]
             delta = choice["delta"]
+            if delta.get("reasoning_content"):
+                blocks.thinking(delta["reasoning_content"])
             if delta.get("content"):
                 blocks.text(delta["content"])
             for call in delta.get("tool_calls") or []:

@@ -337,3 +337,28 @@ def test_peek_raises_a_request_error_before_the_stream_and_replays_the_first_res
 
     first, items = asyncio.run(run())
     assert first["text"] == "a" and [r["text"] for r in items] == ["a", "ab"] and good.aborted == 1
+
+
+def test_reasoning_deltas_become_a_thinking_block_first():
+    def chunk(delta: dict, reason: str | None = None) -> dict:
+        return {"choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
+
+    async def chunks():
+        for c in (chunk({"role": "assistant", "content": ""}), chunk({"reasoning_content": "Think"}),
+                  chunk({"reasoning_content": "ing."}), chunk({"content": "Answer."}), chunk({}, "stop"),
+                  {"choices": [], "usage": {"input_tokens": 3, "output_tokens": 4}}):
+            yield c
+
+    start = {**R.message("msg_1", "m"), "usage": {"input_tokens": 3, "output_tokens": 0}}
+
+    async def run() -> list[dict]:
+        return [ev async for ev in MessageStream(chunks(), start, False, []).events()]
+
+    evs = asyncio.run(run())
+    starts = [e["content_block"] for e in evs if e["type"] == "content_block_start"]
+    assert starts == [{"type": "thinking", "thinking": "", "signature": ""}, {"type": "text", "text": ""}]
+    deltas = [e["delta"] for e in evs if e["type"] == "content_block_delta"]
+    assert deltas == [{"type": "thinking_delta", "thinking": "Think"}, {"type": "thinking_delta", "thinking": "ing."},
+                      {"type": "text_delta", "text": "Answer."}]
+    assert R.content_blocks("Answer.", [], "Thinking.") == [
+        {"type": "thinking", "thinking": "Thinking.", "signature": ""}, {"type": "text", "text": "Answer."}]
