@@ -29,7 +29,7 @@ def server():
     s = ServerProc("--max-total-tokens", "8192", "--log-level", "warning", "--api-key", KEY,
                    "--grammar-compile-timeout", "120", "--disable-compile")
     try:
-        yield s.wait_ready(300)
+        yield s.wait_ready(600)  # a bound: start-up takes minutes on a loaded shared CPU
     finally:
         s.stop()
 
