@@ -1,7 +1,8 @@
-"""/v1/messages and /v1/messages/count_tokens through the official `anthropic` client, against one real
-SmolLM2 server (module-scoped, 127.0.0.1, with an API key). Greedy answers are checked against the OpenAI chat
-route on the same server (same template, same tokens); max_tokens stay small: the CPU is shared. The client no
-longer takes `temperature` as an argument, so greedy requests send it through `extra_body`, as such clients do."""
+"""/v1/messages and /v1/messages/count_tokens through the official `anthropic` client, against the session's
+shared SmolLM2 server (127.0.0.1); the API key check against a model-free server started with --api-key.
+Greedy answers are checked against the OpenAI chat route on the same server (same template, same tokens);
+max_tokens stay small: the CPU is shared. The client no longer takes `temperature` as an argument, so greedy
+requests send it through `extra_body`, as such clients do."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.server.harness import ServerProc
-
 KEY = "test-key"
 GREEDY = {"extra_body": {"temperature": 0}}
 HELLO = [{"role": "user", "content": "Name three colors."}]
@@ -24,19 +23,13 @@ WEATHER = {"name": "get_weather", "description": "Get the current weather for a 
 
 
 @pytest.fixture(scope="module")
-def server():
-    # eager decode: this API does not touch the compiled decode path, whose start-up compile costs minutes here
-    s = ServerProc("--max-total-tokens", "8192", "--log-level", "warning", "--api-key", KEY,
-                   "--grammar-compile-timeout", "120", "--disable-compile")
-    try:
-        yield s.wait_ready(600)  # a bound: start-up takes minutes on a loaded shared CPU
-    finally:
-        s.stop()
+def server(default_server):
+    return default_server
 
 
 @pytest.fixture(scope="module")
 def client(server) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=120)
+    return anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=120)
 
 
 def par(*thunks):
@@ -47,7 +40,7 @@ def par(*thunks):
 
 def chat(server, messages, max_tokens, **kw) -> dict:
     """The OpenAI chat route's greedy answer to the same conversation (the reference)."""
-    with httpx.Client(base_url=server.url, timeout=120, headers={"Authorization": f"Bearer {KEY}"}) as c:
+    with httpx.Client(base_url=server.url, timeout=120) as c:
         r = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": max_tokens, "temperature": 0,
                                                  **kw})
     assert r.status_code == 200, r.text
@@ -189,18 +182,27 @@ def test_bad_inputs_get_the_envelope_and_the_server_keeps_serving(client, server
             model="default", max_tokens=8, messages=HELLO, tools=[unserved], tool_choice={"type": "any"}) as stream:
         stream.get_final_message()
     assert e.value.body["type"] == "error" and "not" in e.value.body["error"]["message"]
-    bad = anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0, timeout=30)
-    with pytest.raises(anthropic.AuthenticationError) as e:
-        bad.messages.create(model="default", max_tokens=4, messages=HELLO)
-    assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "authentication_error"
-    with pytest.raises(anthropic.AuthenticationError):
-        bad.messages.count_tokens(model="default", messages=HELLO)
-    with httpx.Client(base_url=server.url, timeout=30) as c:  # Bearer is the same key
-        assert c.post("/v1/messages/count_tokens", json={"messages": HELLO},
-                      headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
-        r = c.get("/v1/messages", headers={"x-api-key": KEY})
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        r = c.get("/v1/messages")
         assert r.status_code == 405 and r.json()["type"] == "error"
-        r = c.post("/v1/messages", content=b"x" * (9 * 1024 * 1024), headers={"x-api-key": KEY})
+        r = c.post("/v1/messages", content=b"x" * (9 * 1024 * 1024))
         assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
     ok = client.messages.create(model="default", max_tokens=2, messages=HELLO)
     assert ok.content and ok.usage.output_tokens >= 1
+
+
+def test_api_key_as_x_api_key_or_bearer(server_factory):
+    keyed = server_factory("--api-key", KEY, "--log-level", "warning", fake=True).wait_ready()
+    bad = anthropic.Anthropic(base_url=keyed.url, api_key="wrong", max_retries=0, timeout=30)
+    with pytest.raises(anthropic.AuthenticationError) as e:
+        bad.messages.create(model="default", max_tokens=4, messages=HELLO)
+    assert e.value.body == {"type": "error", "error": {
+        "type": "authentication_error", "message": "invalid or missing API key (Authorization: Bearer, or x-api-key)"}}
+    with pytest.raises(anthropic.AuthenticationError):
+        bad.messages.count_tokens(model="default", messages=HELLO)
+    good = anthropic.Anthropic(base_url=keyed.url, api_key=KEY, max_retries=0, timeout=30)  # sends x-api-key
+    assert good.messages.count_tokens(model="default", messages=HELLO).input_tokens > 0
+    assert good.messages.create(model="default", max_tokens=4, messages=HELLO).usage.output_tokens == 4
+    with httpx.Client(base_url=keyed.url, timeout=30) as c:  # Bearer is the same key
+        r = c.post("/v1/messages/count_tokens", json={"messages": HELLO}, headers={"Authorization": f"Bearer {KEY}"})
+        assert r.status_code == 200
