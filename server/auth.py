@@ -12,7 +12,7 @@ from server.errors import error_body
 OPEN_PATHS = frozenset({"/health", "/health_generate", "/metrics"})
 
 
-async def _send_error(send: Any, status: int, body: dict, headers: list | None = None) -> None:
+async def send_error(send: Any, status: int, body: dict, headers: list | None = None) -> None:
     data = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
@@ -35,11 +35,11 @@ class GuardMiddleware:
         headers = dict(scope.get("headers") or [])
         if (self.key is not None and scope["path"] not in OPEN_PATHS
                 and not hmac.compare_digest(headers.get(b"authorization", b""), self.key)):
-            return await _send_error(send, 401, error_body("invalid or missing API key (Authorization: Bearer)",
+            return await send_error(send, 401, error_body("invalid or missing API key (Authorization: Bearer)",
                                                                "invalid_request_error", None, "invalid_api_key"))
         too_big = error_body(f"request body larger than {self.max_body} bytes", "invalid_request_error", None,
                              "request_too_large")
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body:
-            return await _send_error(send, 413, too_big, [(b"connection", b"close")])
+            return await send_error(send, 413, too_big, [(b"connection", b"close")])
         await self.app(scope, receive, send)
