@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from runtime.config import make_config
-from runtime.messages import AbortReq, FlushCacheReq, GetInternalStateReq, TokenizedEmbeddingReq, TokenizedGenerateReq
+from runtime.messages import (
+    AbortReq,
+    FlushCacheReq,
+    GetInternalStateReq,
+    TokenizedEmbeddingReq,
+    TokenizedGenerateReq,
+)
 from runtime.sampling.params import SamplingParams
 from runtime.scheduler.embedding import EmbeddingScheduler
 
