@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from tests.embedding_sentences import sentences
-from tests.server.conftest import ServerProc
+from tests.runtime.models.sentences import sentences
+from tests.server.harness import ServerProc
 
 st = pytest.importorskip("sentence_transformers")
 openai = pytest.importorskip("openai")

@@ -11,7 +11,7 @@ import torch
 
 from runtime.config import make_config, resolve
 from runtime.models.pooling import PoolingConfig, pool, read_pooling_config
-from tests.embedding_sentences import sentences
+from tests.runtime.models.sentences import sentences
 
 st = pytest.importorskip("sentence_transformers")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[3]
 EXTRA = ["a", "Zürich ist schön im Frühling.", "東京タワーは高い。", "naïve café — 42 °C, ½ price!",
          "Emoji 🙂 and tabs\tand\nnewlines.", "UPPER lower MiXeD 12345"]
 
