@@ -90,7 +90,8 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
 
-    from sentence_transformers import SentenceTransformer, __version__ as st_version
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import __version__ as st_version
 
     torch.set_num_threads(args.threads)
     model_dir = embedding_model_path()
