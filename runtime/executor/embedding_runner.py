@@ -45,7 +45,11 @@ class EmbeddingRunner:
                  self.model.weights_nbytes() / 2**20)
 
     def embed(self, inputs: list[list[int]]) -> torch.Tensor:
-        """float32 [len(inputs), dim] on the host for non-empty id lists of at most context_len tokens."""
+        """float32 [len(inputs), dim] on the host for non-empty id lists of at most context_len tokens. Inputs
+        are packed longest first (the encoder pads attention per group of similar lengths) and the rows put
+        back in the callers' order."""
+        order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i]))
+        inputs = [inputs[i] for i in order]
         lens = [len(ids) for ids in inputs]
         ids = torch.tensor([t for x in inputs for t in x], dtype=torch.int64)
         pos = torch.cat([torch.arange(n, dtype=torch.int64) for n in lens])
@@ -54,4 +58,6 @@ class EmbeddingRunner:
         with torch.inference_mode():
             x = self.model.forward(ids, pos, lens)
             out = pool(x, lens_t, self.pooling.mode, self.pooling.normalize)
-        return out.cpu()
+        back = torch.empty(len(order), dtype=torch.int64)
+        back[torch.tensor(order)] = torch.arange(len(order))
+        return out.cpu()[back]

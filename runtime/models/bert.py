@@ -3,8 +3,9 @@ post-layernorm blocks, exact-erf GELU) for embedding models such as all-MiniLM-L
 
 Data flow of one step (runtime/executor/embedding_runner.py): B sequences packed into T tokens ->
 embeddings (word + position + token type, LayerNorm) -> L blocks -> token states [T, H]. Every matmul runs on
-the packed [T, *] rows (no padding compute); only attention is padded: each layer scatters q/k/v into
-[B, heads, Lmax, head_dim] and masks the padded keys, then gathers the real rows back. Nothing is cached
+the packed [T, *] rows (no padding compute); only attention is padded, per group of sequences of similar
+length: each layer scatters a group's q/k/v into [n, heads, Lmax, head_dim], masks the padded keys and gathers
+the real rows back (a lone sequence runs unpadded). Nothing is cached
 between steps: an encoder computes every token of every input once.
 
 Weights: Hugging Face names (`embeddings.word_embeddings.weight`, `encoder.layer.{i}.attention.self.query.weight`,
@@ -133,28 +134,54 @@ class BertEncoder:
         return x
 
 
+GROUP_RATIO = 0.5  # a sequence joins a length group while at least this fraction of its first (longest)
+
+
+class _Group:
+    """Consecutive sequences of similar length padded together: packed rows [a, b) go to padded rows `dst`
+    (local sequence * Lmax + position) of an [n, Lmax] block; `mask` [n, 1, 1, Lmax] hides the padded keys."""
+
+    def __init__(self, a: int, lens: list[int], device: torch.device) -> None:
+        self.n, self.L = len(lens), max(lens)
+        self.a, self.b = a, a + sum(lens)
+        if self.n == 1:  # one sequence: no padding
+            return
+        dst = [i * self.L + p for i, n in enumerate(lens) for p in range(n)]
+        self.dst = torch.tensor(dst, dtype=torch.int64, device=device)
+        lens_t = torch.tensor(lens, device=device)
+        self.mask = (torch.arange(self.L, device=device)[None, :] < lens_t[:, None])[:, None, None, :]
+
+
 class _Padding:
-    """Scatter/gather between packed rows [T, *] and padded [B, Lmax, *] for attention (built once a step)."""
+    """Attention over packed rows: consecutive sequences of similar length form a group (a sequence joins while
+    it is no longer than the group's first and at least GROUP_RATIO of it; the runner packs inputs longest first,
+    so a short one is not padded to the batch's longest), each group padded to its own longest and masked; built
+    once a step, used by every layer."""
 
     def __init__(self, lens: list[int], positions: torch.Tensor, device: torch.device) -> None:
-        self.B, self.L = len(lens), max(lens)
-        self.dense = self.B == 1  # one sequence: no padding at all
-        if self.dense:
-            return
-        rows = torch.repeat_interleave(torch.arange(self.B, device=device), torch.tensor(lens, device=device))
-        self.index = rows * self.L + positions  # packed row t -> padded row b * Lmax + position
-        valid = torch.arange(self.L, device=device)[None, :] < torch.tensor(lens, device=device)[:, None]
-        self.mask = valid[:, None, None, :]  # [B, 1, 1, Lmax]: padded keys get no weight
+        runs: list[tuple[int, list[int]]] = []
+        a = 0
+        for n in lens:
+            if runs and GROUP_RATIO * runs[-1][1][0] <= n <= runs[-1][1][0]:
+                runs[-1][1].append(n)
+            else:
+                runs.append((a, [n]))
+            a += n
+        self.groups = [_Group(start, ls, device) for start, ls in runs]
 
     def attention(self, qkv: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
         """qkv [T, 3H] -> attention output [T, H]."""
         T, H = qkv.shape[0], heads * head_dim
-        if self.dense:
-            q, k, v = qkv.view(1, T, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
-            out = F.scaled_dot_product_attention(q, k, v)
-            return out.transpose(1, 2).reshape(T, H)
-        padded = qkv.new_zeros(self.B * self.L, 3 * H)
-        padded[self.index] = qkv
-        q, k, v = padded.view(self.B, self.L, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
-        return out.transpose(1, 2).reshape(self.B * self.L, H)[self.index]
+        out = qkv.new_empty(T, H)
+        for g in self.groups:
+            a, b = g.a, g.b
+            if g.n == 1:
+                q, k, v = qkv[a:b].view(1, b - a, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+                out[a:b] = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b - a, H)
+                continue
+            padded = qkv.new_zeros(g.n * g.L, 3 * H)  # zeros: masked keys must hold finite values
+            padded[g.dst] = qkv[a:b]
+            q, k, v = padded.view(g.n, g.L, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+            res = F.scaled_dot_product_attention(q, k, v, attn_mask=g.mask)
+            out[a:b] = res.transpose(1, 2).reshape(g.n * g.L, H)[g.dst]
+        return out

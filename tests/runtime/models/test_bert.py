@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from runtime.config import make_config, resolve
+from runtime.models import bert
 from runtime.models.pooling import PoolingConfig, pool, read_pooling_config
 from tests.runtime.models.sentences import sentences
 
@@ -61,7 +62,8 @@ def test_token_states_and_pooling_match_transformers(runner, tok, model_dir, mod
     from transformers import BertModel
 
     hf = BertModel.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
-    sents = ["a", "The quick brown fox jumps over the lazy dog.", "Zürich ist schön im Frühling, sagt man."]
+    # longest first, as the runner packs: the two long ones share a padded attention group, "a" runs alone
+    sents = ["Zürich ist schön im Frühling, sagt man.", "The quick brown fox jumps over the lazy dog.", "a"]
     ids = [tok.encode(s) for s in sents]
     lens = [len(x) for x in ids]
     L = max(lens)
@@ -72,6 +74,7 @@ def test_token_states_and_pooling_match_transformers(runner, tok, model_dir, mod
     flat = torch.tensor([t for x in ids for t in x])
     pos = torch.cat([torch.arange(n) for n in lens])
     ours = runner.model.forward(flat, pos, lens)
+    assert [g.n for g in bert._Padding(lens, pos, torch.device("cpu")).groups] == [2, 1]
     ref_rows = torch.cat([states[b, :n] for b, n in enumerate(lens)])
     assert torch.allclose(ours, ref_rows, atol=1e-4), float((ours - ref_rows).abs().max())
     if mode == "mean":
