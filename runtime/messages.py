@@ -67,6 +67,12 @@ class TokenizedEmbeddingReq(Msg):
     input_ids: list[int]
 
 
+class BatchTokenizedEmbeddingReq(Msg):
+    """Every input of one embedding request in one message, so they reach one scheduler step together."""
+
+    reqs: list[TokenizedEmbeddingReq]
+
+
 class AbortReq(Msg):
     rid: str | None = None  # prefix match: "abc" aborts "abc" and "abc_1" ...
     abort_all: bool = False
@@ -190,7 +196,7 @@ class ReadyMsg(Msg):
     error: str = ""
 
 
-ToScheduler = Union[TokenizedGenerateReq, TokenizedEmbeddingReq, AbortReq, FlushCacheReq, GetInternalStateReq, ShutdownReq]  # noqa: UP007
+ToScheduler = Union[TokenizedGenerateReq, BatchTokenizedEmbeddingReq, AbortReq, FlushCacheReq, GetInternalStateReq, ShutdownReq]  # noqa: UP007
 ToDetokenizer = Union[BatchTokenOut, ShutdownReq]  # noqa: UP007
 ToTokenizer = Union[BatchTextOut, BatchEmbeddingOut, FlushCacheOut, InternalStateOut]  # noqa: UP007
 

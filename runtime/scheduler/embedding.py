@@ -1,7 +1,7 @@
 """The embedding scheduler: prefill-only steps over an encoder (embedding mode, `--is-embedding`).
 
 Same seam as the generation scheduler for the process loop (runtime/scheduler/process.py): `handle(msg)` for
-TokenizedEmbeddingReq / AbortReq / FlushCacheReq / GetInternalStateReq, `step()` -> the step's outputs,
+(Batch)TokenizedEmbeddingReq / AbortReq / FlushCacheReq / GetInternalStateReq, `step()` -> the step's outputs,
 `has_work()`. A step takes waiting inputs first come, first served while their tokens fit the step's budget
 (`--max-prefill-tokens`, and at most `--max-running-requests` inputs; one input always fits, its length was
 checked against the context at submission), embeds them in one forward and answers every one of them:
@@ -22,6 +22,7 @@ import torch
 from runtime.config import Config
 from runtime.messages import (
     AbortReq,
+    BatchTokenizedEmbeddingReq,
     EmbeddingOut,
     FlushCacheOut,
     FlushCacheReq,
@@ -53,7 +54,9 @@ class EmbeddingScheduler:
         self.stats = collections.Counter()
 
     def handle(self, msg: Any) -> FlushCacheOut | InternalStateOut | None:
-        if isinstance(msg, TokenizedEmbeddingReq):
+        if isinstance(msg, BatchTokenizedEmbeddingReq):
+            self.waiting.extend(msg.reqs)
+        elif isinstance(msg, TokenizedEmbeddingReq):
             self.waiting.append(msg)
         elif isinstance(msg, AbortReq):
             self.abort(msg.rid, msg.abort_all)

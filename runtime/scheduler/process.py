@@ -28,6 +28,7 @@ from runtime.config import Config
 from runtime.ipc import Endpoints, Receiver, Sender
 from runtime.messages import (
     BatchEmbeddingOut,
+    BatchTokenizedEmbeddingReq,
     BatchTokenOut,
     EmbeddingOut,
     FinishAbort,
@@ -37,7 +38,6 @@ from runtime.messages import (
     ReqTokenOut,
     ShutdownReq,
     ToDetokenizer,
-    TokenizedEmbeddingReq,
     TokenizedGenerateReq,
     ToScheduler,
     ToTokenizer,
@@ -205,15 +205,15 @@ class SchedulerLoop:
         try:
             reply = self.scheduler.handle(msg)
         except Exception as e:  # a bad request aborts itself only
-            if not isinstance(msg, TokenizedGenerateReq | TokenizedEmbeddingReq):
+            if not isinstance(msg, TokenizedGenerateReq | BatchTokenizedEmbeddingReq):
                 raise
-            logger.exception("request %s failed", msg.rid)
             why = f"internal error: {type(e).__name__}: {e}"
-            if isinstance(msg, TokenizedEmbeddingReq):
-                self._publish([EmbeddingOut(rid=msg.rid, embedding=b"", prompt_tokens=0, error=why)])
-            else:
-                fr = FinishAbort(message=why)
-                self._publish([ReqTokenOut(rid=msg.rid, new_ids=[], finish_reason=fr)])
+            if isinstance(msg, BatchTokenizedEmbeddingReq):
+                logger.exception("embedding request %s failed", msg.reqs[0].rid if msg.reqs else "")
+                self._publish([EmbeddingOut(rid=r.rid, embedding=b"", prompt_tokens=0, error=why) for r in msg.reqs])
+                return
+            logger.exception("request %s failed", msg.rid)
+            self._publish([ReqTokenOut(rid=msg.rid, new_ids=[], finish_reason=FinishAbort(message=why))])
             return
         if isinstance(reply, InternalStateOut):
             reply = InternalStateOut(state={**reply.state, **self._grammar_state(), **self.timer.state()})

@@ -3,8 +3,8 @@
 Data flow: a route (or `Engine.encode`) hands `EmbeddingRequests.embed` a list of inputs (strings or token-id
 lists, shaped by `parse_inputs`); each is tokenized (strings as the model's tokenizer does, [CLS] ... [SEP]
 for BERT; token ids as given) and checked (non-empty, in the vocabulary, within the context unless
-`truncate`) before anything is sent; then one `TokenizedEmbeddingReq` per input goes to the scheduler with
-rid f"{rid}_{i}", and the `BatchEmbeddingOut` the scheduler sends back resolves each input's future. A caller
+`truncate`) before anything is sent; then one `TokenizedEmbeddingReq` per input (rid f"{rid}_{i}") goes to
+the scheduler, all of a request's in one `BatchTokenizedEmbeddingReq` (so they reach the same step), and the `BatchEmbeddingOut` the scheduler sends back resolves each input's future. A caller
 that goes away (client disconnect) aborts its inputs that are still waiting.
 """
 
@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.ipc import Sender
-from runtime.messages import AbortReq, BatchEmbeddingOut, ModelInfo, TokenizedEmbeddingReq
+from runtime.messages import (
+    AbortReq,
+    BatchEmbeddingOut,
+    BatchTokenizedEmbeddingReq,
+    ModelInfo,
+    TokenizedEmbeddingReq,
+)
 from runtime.tokenizer.generate_input import RequestError, is_int
 
 Input = str | list[int]
@@ -115,11 +121,12 @@ class EmbeddingRequests:
         rids, futs = [f"{base}_{i}" for i in range(len(all_ids))], []
         if any(r in self._pending for r in rids):
             raise RequestError(f"rid {base!r} is already in use", "rid")
-        for r, ids in zip(rids, all_ids, strict=True):
+        for r in rids:
             fut = loop.create_future()
             self._pending[r] = (fut, now)
             futs.append(fut)
-            self._send.send(TokenizedEmbeddingReq(rid=r, input_ids=ids))
+        self._send.send(BatchTokenizedEmbeddingReq(reqs=[TokenizedEmbeddingReq(rid=r, input_ids=ids)
+                                                         for r, ids in zip(rids, all_ids, strict=True)]))
         try:
             return list(await asyncio.gather(*futs))
         finally:

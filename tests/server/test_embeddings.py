@@ -71,7 +71,7 @@ def test_openai_client_float_and_base64_match_sentence_transformers(client, refe
         assert got.shape == (50, 384) and [d.index for d in resp.data] == list(range(50))
         assert (_cos(got, ref) >= 0.9999).all()
     decoded = np.stack([np.frombuffer(base64.b64decode(d.embedding), dtype="<f4") for d in raw.data])
-    assert np.array_equal(decoded, np.array([d.embedding for d in floats.data], dtype=np.float32))
+    assert np.allclose(decoded, np.array([d.embedding for d in floats.data], dtype=np.float32), atol=1e-6, rtol=0)
     tokens = http.post("/tokenize", json={"prompt": texts}).json()["count"]
     assert floats.usage.prompt_tokens == floats.usage.total_tokens == sum(tokens)
     assert floats.model == "all-MiniLM-L6-v2" and floats.object == "list"

@@ -11,6 +11,7 @@ import torch
 from runtime.config import make_config
 from runtime.messages import (
     AbortReq,
+    BatchTokenizedEmbeddingReq,
     FlushCacheReq,
     GetInternalStateReq,
     TokenizedEmbeddingReq,
@@ -46,7 +47,8 @@ def _req(rid: str, n: int, first: int = 1) -> TokenizedEmbeddingReq:
 
 def test_steps_batch_under_the_token_budget_and_answer_every_input():
     s, enc = _sched(max_prefill_tokens=10)
-    for i, n in enumerate([4, 4, 4, 12, 1]):
+    s.handle(BatchTokenizedEmbeddingReq(reqs=[_req("r0", 4, first=1), _req("r1", 4, first=2)]))  # one request
+    for i, n in enumerate([4, 12, 1], start=2):
         s.handle(_req(f"r{i}", n, first=i + 1))
     outs = [s.step() for _ in range(4)]
     assert [len(x) for x in enc.steps] == [2, 1, 1, 1]  # 4+4 | 4 (+12 over) | 12 alone (over the budget) | 1
