@@ -140,6 +140,9 @@ def render(args, results, loads, st_version: str) -> str:
              f"- command: `python bench/embeddings.py --rounds {args.rounds} --threads {args.threads} --b1 {args.b1}`",
              f"- 1-minute load average before each round: {', '.join(f'{x:.2f}' for x in loads)} "
              "(a machine shared with other work: figures are medians of alternating rounds)",
+             *([f"- **the machine was busy**: load {min(loads):.1f} to {max(loads):.1f} on {os.cpu_count()} CPUs "
+                "(other work running), so absolute figures are far below a quiet machine's and the ratios are "
+                "noisy; read the ratios of the alternating rounds only"] if max(loads) > (os.cpu_count() or 1) else []),
              "- radixgen: the full server path (HTTP, JSON, tokenizer manager, ZMQ, scheduler, base64 answers); "
              "sentence-transformers: `encode` in the benchmark process", "",
              "| workload | radixgen sentences/s | sentence-transformers sentences/s | ratio | rounds (radixgen / st) |",

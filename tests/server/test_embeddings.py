@@ -195,3 +195,12 @@ def test_server_info_metrics_and_health_cover_embedding_mode(http):
     line = next(x for x in text.splitlines() if x.startswith("sglang:prompt_tokens_total"))
     assert float(line.split()[-1]) > 0
     assert http.get("/v1/models").json()["data"][0]["id"] == "all-MiniLM-L6-v2"
+
+
+def test_frontend_lang_encode(server, reference):
+    import frontend_lang as fl
+
+    be = fl.RuntimeEndpoint(server.url)
+    one = be.encode("frontend_lang reaches the embedding server")
+    assert _cos(one["embedding"], reference(["frontend_lang reaches the embedding server"])[0]) >= 0.9999
+    assert len(be.encode(["a", "b"])) == 2
