@@ -51,7 +51,8 @@ class EmbeddingScheduler:
         self.max_inputs = cfg.scheduler.max_running_requests
         self.last_forward: tuple[bool, float] | None = None  # the loop's decode-step timer: never a decode step
         self.grammar_backend = None  # nothing is decoded, so nothing is constrained
-        self.stats = collections.Counter()
+        self.stats: collections.Counter[str] = collections.Counter()  # integer counters
+        self.forward_s = 0.0  # seconds in the encoder's forward
 
     def handle(self, msg: Any) -> FlushCacheOut | InternalStateOut | None:
         if isinstance(msg, BatchTokenizedEmbeddingReq):
@@ -81,7 +82,8 @@ class EmbeddingScheduler:
         return bool(self.waiting)
 
     def _take(self) -> list[TokenizedEmbeddingReq]:
-        batch, tokens = [], 0
+        batch: list[TokenizedEmbeddingReq] = []
+        tokens = 0
         while self.waiting and len(batch) < self.max_inputs:
             n = len(self.waiting[0].input_ids)
             if batch and tokens + n > self.max_tokens:
@@ -101,7 +103,7 @@ class EmbeddingScheduler:
             log.exception("embedding step of %d inputs failed", len(batch))
             why = f"internal error: {type(e).__name__}: {e}"
             return [EmbeddingOut(rid=r.rid, embedding=b"", prompt_tokens=len(r.input_ids), error=why) for r in batch]
-        self.stats["forward_s"] += time.perf_counter() - t
+        self.forward_s += time.perf_counter() - t
         self.stats["forward_steps"] += 1
         self.stats["prefill_tokens"] += sum(len(r.input_ids) for r in batch)
         self.stats["embedded_inputs"] += len(batch)
@@ -116,7 +118,7 @@ class EmbeddingScheduler:
                 "max_total_num_tokens": self.max_tokens, "kv_free_slots": self.max_tokens, "kv_evictable_slots": 0,
                 "kv_locked_slots": 0, "cache_hit_rate": 0.0, "radix_cache": False,
                 "forward_steps": s["forward_steps"], "prefill_tokens": s["prefill_tokens"], "decode_tokens": 0,
-                "embedded_inputs": s["embedded_inputs"], "embedding_forward_s_total": s["forward_s"],
+                "embedded_inputs": s["embedded_inputs"], "embedding_forward_s_total": self.forward_s,
                 "aborted_reqs": s["aborted_reqs"]}
 
 

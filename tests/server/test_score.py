@@ -10,7 +10,6 @@ import math
 import pytest
 
 import frontend_lang as fl
-from tests.server.harness import ServerProc
 
 pytestmark = pytest.mark.slow
 QUERY = "Q: What color is grass?\nA: green\nQ: What color is snow?\nA: white\nQ: "
@@ -20,13 +19,9 @@ LABELS = [" red", " blue", " green", " yellow"]
 
 
 @pytest.fixture(scope="module")
-def server():
-    s = ServerProc("--quantization", "none", "--dtype", "float32", "--max-total-tokens", "8192",
-                   "--log-level", "warning")
-    try:
-        yield s.wait_ready(400)
-    finally:
-        s.stop()
+def server(float32_server):
+    """The shared float32 server (--dtype float32 resolves the GGUF to dense weights: the exact path)."""
+    return float32_server
 
 
 @pytest.fixture(scope="module")
