@@ -204,3 +204,23 @@ def test_frontend_lang_encode(server, reference):
     one = be.encode("frontend_lang reaches the embedding server")
     assert _cos(one["embedding"], reference(["frontend_lang reaches the embedding server"])[0]) >= 0.9999
     assert len(be.encode(["a", "b"])) == 2
+
+
+def test_dimensions_cut_only_to_widths_the_model_was_trained_for():
+    """`dimensions` against a model info that lists matryoshka widths (MiniLM lists none): cut + re-normalized."""
+    from types import SimpleNamespace
+
+    from runtime.tokenizer.embedding import Embedded
+    from runtime.tokenizer.generate_input import RequestError
+    from server.openai.embeddings import _dimensions, _vector
+
+    tm = SimpleNamespace(info=SimpleNamespace(embedding_dim=8, matryoshka_dims=(2, 4)))
+    assert _dimensions({"dimensions": 8}, tm) is None and _dimensions({}, tm) is None
+    assert _dimensions({"dimensions": 4}, tm) == 4
+    for bad in (3, 0, "4", 16):
+        with pytest.raises(RequestError) as e:
+            _dimensions({"dimensions": bad}, tm)
+        assert e.value.param == "dimensions"
+    v = np.arange(1, 9, dtype="<f4")
+    cut = _vector(Embedded((v / np.linalg.norm(v)).astype("<f4").tobytes(), 8), 4)
+    assert np.allclose(cut, v[:4] / np.linalg.norm(v[:4]), atol=1e-6)
