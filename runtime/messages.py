@@ -59,6 +59,20 @@ class TokenizedGenerateReq(Msg):
     input_text: str | None = None
 
 
+class TokenizedEmbeddingReq(Msg):
+    """One input of an embedding request (embedding mode): its token ids, already checked against the
+    context length and the vocabulary."""
+
+    rid: str
+    input_ids: list[int]
+
+
+class BatchTokenizedEmbeddingReq(Msg):
+    """Every input of one embedding request in one message, so they reach one scheduler step together."""
+
+    reqs: list[TokenizedEmbeddingReq]
+
+
 class AbortReq(Msg):
     rid: str | None = None  # prefix match: "abc" aborts "abc" and "abc_1" ...
     abort_all: bool = False
@@ -136,6 +150,23 @@ class BatchTextOut(Msg):
     outs: list[ReqTextOut]
 
 
+class EmbeddingOut(msgspec.Struct):
+    """One input's embedding: float32 little-endian bytes of `dim` values (the scheduler's pooled, normalized
+    output; the server turns them into a JSON float list or base64 without another copy). `error` set: the
+    request failed and `embedding` is empty."""
+
+    rid: str
+    embedding: bytes
+    prompt_tokens: int
+    error: str | None = None
+
+
+class BatchEmbeddingOut(Msg):
+    """Scheduler -> TokenizerManager directly (no text to detokenize)."""
+
+    outs: list[EmbeddingOut]
+
+
 class FlushCacheOut(Msg):
     success: bool
     message: str = ""
@@ -151,6 +182,9 @@ class ModelInfo(msgspec.Struct, frozen=True):
     context_len: int
     vocab_size: int
     max_total_num_tokens: int
+    is_embedding: bool = False  # an encoder served by the embedding scheduler (runtime/scheduler/embedding.py)
+    embedding_dim: int = 0  # its embedding width (embedding mode)
+    matryoshka_dims: tuple[int, ...] = ()  # widths it may be cut to (embedding mode; empty: only its own)
 
 
 class ReadyMsg(Msg):
@@ -162,9 +196,9 @@ class ReadyMsg(Msg):
     error: str = ""
 
 
-ToScheduler = Union[TokenizedGenerateReq, AbortReq, FlushCacheReq, GetInternalStateReq, ShutdownReq]  # noqa: UP007
+ToScheduler = Union[TokenizedGenerateReq, BatchTokenizedEmbeddingReq, AbortReq, FlushCacheReq, GetInternalStateReq, ShutdownReq]  # noqa: UP007
 ToDetokenizer = Union[BatchTokenOut, ShutdownReq]  # noqa: UP007
-ToTokenizer = Union[BatchTextOut, FlushCacheOut, InternalStateOut]  # noqa: UP007
+ToTokenizer = Union[BatchTextOut, BatchEmbeddingOut, FlushCacheOut, InternalStateOut]  # noqa: UP007
 
 
 class Codec:

@@ -15,6 +15,7 @@ from server.auth import GuardMiddleware
 from server.errors import install_error_handlers
 from server.http import JSON, ServerState
 from server.metrics import Metrics
+from server.mode import ModeMiddleware
 from server.native import router as native_router
 from server.openai import router as openai_router
 
@@ -63,6 +64,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(anthropic_router)
     routes = frozenset(r.path for r in flat_routes(app.routes))
     srv = state.cfg.server
+    app.add_middleware(ModeMiddleware, state=state)
     app.add_middleware(_HttpCounter, metrics=state.metrics, routes=routes)
     app.add_middleware(GuardMiddleware, api_key=srv.api_key, max_body_bytes=srv.max_body_bytes)
     return app

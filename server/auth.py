@@ -12,7 +12,7 @@ from server.errors import envelope
 OPEN_PATHS = frozenset({"/health", "/health_generate", "/metrics"})
 
 
-async def _send_error(send: Any, status: int, body: dict, headers: list | None = None) -> None:
+async def send_error(send: Any, status: int, body: dict, headers: list | None = None) -> None:
     data = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
@@ -45,10 +45,10 @@ class GuardMiddleware:
         if self.key is not None and path not in OPEN_PATHS and not self._authorized(headers):
             body = envelope(path, 401, "invalid or missing API key (Authorization: Bearer, or x-api-key)",
                             "invalid_request_error", None, "invalid_api_key")
-            return await _send_error(send, 401, body)
+            return await send_error(send, 401, body)
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body:
             too_big = envelope(path, 413, f"request body larger than {self.max_body} bytes",
                                "invalid_request_error", None, "request_too_large")
-            return await _send_error(send, 413, too_big, [(b"connection", b"close")])
+            return await send_error(send, 413, too_big, [(b"connection", b"close")])
         await self.app(scope, receive, send)

@@ -76,9 +76,17 @@ async def health(request: Request) -> Response:
 
 @router.get("/health_generate")
 async def health_generate(request: Request) -> Response:
-    """A real one-token generation through the scheduler."""
+    """A real one-token generation through the scheduler (embedding mode: a real one-token embedding)."""
     state = get_state(request)
     tm = state.require_tm()
+    if tm.info.is_embedding:
+        try:
+            await asyncio.wait_for(tm.embeddings.embed([[0]], rid=f"HEALTH_CHECK_{time.time_ns()}"),
+                                   state.health_check_timeout)
+        except TimeoutError:
+            raise RequestError(f"no embedding within {state.health_check_timeout:g} s", None, "unhealthy", 503,
+                               "server_error") from None
+        return JSON({})
     req = GenerateRequest(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0},
                           rid=f"HEALTH_CHECK_{time.time_ns()}")
     handle = tm.submit(req)
@@ -106,7 +114,7 @@ async def get_model_info(request: Request) -> Response:
     cfg = state.config_info
     model_type, architectures = await asyncio.to_thread(_model_type, state.model_path)
     return JSON({"model_path": state.model_path, "tokenizer_path": cfg.get("tokenizer_path") or state.model_path,
-                 "served_model_name": state.served_model_name, "is_generation": True,
+                 "served_model_name": state.served_model_name, "is_generation": not tm.info.is_embedding,
                  "model_type": model_type, "architectures": architectures,
                  "max_context_length": tm.context_len, "vocab_size": tm.vocab_size,
                  "preferred_sampling_params": None, "weight_version": "default"})
@@ -131,7 +139,8 @@ async def get_server_info(request: Request) -> Response:
     internal = await tm.get_internal_state()
     info = {k: v for k, v in state.config_info.items() if k != "api_key"}
     info.update(served_model_name=state.served_model_name, max_total_num_tokens=internal.get("max_total_num_tokens"),
-                max_req_input_len=tm.context_len - 1, context_length=tm.context_len,
+                max_req_input_len=tm.context_len - (0 if tm.info.is_embedding else 1), context_length=tm.context_len,
+                is_embedding=tm.info.is_embedding,
                 internal_states=[internal], version=_version())
     return JSON(info)
 

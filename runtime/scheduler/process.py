@@ -27,7 +27,10 @@ from runtime.child import start_child
 from runtime.config import Config
 from runtime.ipc import Endpoints, Receiver, Sender
 from runtime.messages import (
+    BatchEmbeddingOut,
+    BatchTokenizedEmbeddingReq,
     BatchTokenOut,
+    EmbeddingOut,
     FinishAbort,
     FlushCacheOut,
     InternalStateOut,
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
     import torch
 
     from runtime.constrained.seam import BaseGrammarBackend
+    from runtime.scheduler.embedding import EmbeddingScheduler
     from runtime.scheduler.scheduler import Scheduler
     from runtime.tokenizer.tokenizer import Tokenizer
 
@@ -53,7 +57,8 @@ BatchT = TypeVar("BatchT")
 
 
 class LoopScheduler(Protocol[BatchT]):
-    """What SchedulerLoop drives: the real Scheduler, or a test's fake (tests/server/fake_scheduler.py).
+    """What SchedulerLoop drives: the real Scheduler, the embedding scheduler (embedding mode: no overlap
+    schedule, so never begin_step/forward/end_step), or a test's fake (tests/server/fake_scheduler.py).
     `BatchT` is the scheduler's own step batch, opaque to the loop."""
 
     cfg: Config
@@ -66,8 +71,9 @@ class LoopScheduler(Protocol[BatchT]):
 
     def has_work(self) -> bool: ...
 
-    def step(self) -> list[ReqTokenOut]:
-        """One iteration: plan, forward, process; the outputs of every request that progressed or finished."""
+    def step(self) -> list[ReqTokenOut] | list[EmbeddingOut]:
+        """One iteration: plan, forward, process; the outputs of every request that progressed or finished
+        (embedding mode: the embeddings of the step's inputs, runtime/scheduler/embedding.py)."""
         ...
 
     def begin_step(self) -> BatchT | None:
@@ -87,9 +93,13 @@ def run_scheduler_process(spec: dict) -> None:
     start_child(spec, "scheduler", _build_scheduler_loop)
 
 
-def create_scheduler(cfg: Config) -> tuple[Scheduler, ModelInfo]:
+def create_scheduler(cfg: Config) -> tuple[Scheduler | EmbeddingScheduler, ModelInfo]:
     """The real scheduler over the model runner (cfg already resolved by the parent); returns it and what
-    the parent needs to know."""
+    the parent needs to know. An encoder (--is-embedding) gets the embedding scheduler instead."""
+    if cfg.model.is_embedding:
+        from runtime.scheduler.embedding import create_embedding_scheduler
+
+        return create_embedding_scheduler(cfg)
     from runtime.executor.model_runner import create_model_runner
     from runtime.scheduler import Scheduler
     from runtime.tokenizer.load import load_tokenizer
@@ -136,7 +146,7 @@ class SchedulerLoop:
         self._recv = Receiver(ctx, ep.scheduler, ToScheduler)
         self._to_detok = Sender(ctx, ep.detokenizer, ToDetokenizer)
         self._to_tm = Sender(ctx, ep.tokenizer, ToTokenizer)
-        overlap = scheduler.cfg.scheduler.enable_overlap_schedule
+        overlap = scheduler.cfg.scheduler.enable_overlap_schedule and not model.is_embedding
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="forward") if overlap else None
         self._later: list[ToScheduler] = []  # messages received during a forward, handled after it
         self.timer = StepTimer()
@@ -163,11 +173,18 @@ class SchedulerLoop:
                 self._handle(msg)
             outs = s.step() if self._pool is None else self._overlapped_step(self._pool)
             if outs:
-                self._to_detok.send(BatchTokenOut(outs=outs))
+                self._publish(outs)
             idle_wait = not outs
             fwd, s.last_forward = s.last_forward, None
             if fwd is not None and fwd[0]:
                 self.timer.add(time.perf_counter() - t0, fwd[1])
+
+    def _publish(self, outs: list[Any]) -> None:
+        """A step's outputs: generated tokens to the detokenizer, embeddings straight to the TokenizerManager."""
+        if self.model.is_embedding:
+            self._to_tm.send(BatchEmbeddingOut(outs=outs))
+        else:
+            self._to_detok.send(BatchTokenOut(outs=outs))
 
     def _overlapped_step(self, pool: ThreadPoolExecutor) -> list[ReqTokenOut]:
         """One step with the forward on the worker thread; meanwhile new requests are received and queued."""
@@ -188,11 +205,15 @@ class SchedulerLoop:
         try:
             reply = self.scheduler.handle(msg)
         except Exception as e:  # a bad request aborts itself only
-            if not isinstance(msg, TokenizedGenerateReq):
+            if not isinstance(msg, TokenizedGenerateReq | BatchTokenizedEmbeddingReq):
                 raise
+            why = f"internal error: {type(e).__name__}: {e}"
+            if isinstance(msg, BatchTokenizedEmbeddingReq):
+                logger.exception("embedding request %s failed", msg.reqs[0].rid if msg.reqs else "")
+                self._publish([EmbeddingOut(rid=r.rid, embedding=b"", prompt_tokens=0, error=why) for r in msg.reqs])
+                return
             logger.exception("request %s failed", msg.rid)
-            fr = FinishAbort(message=f"internal error: {type(e).__name__}: {e}")
-            self._to_detok.send(BatchTokenOut(outs=[ReqTokenOut(rid=msg.rid, new_ids=[], finish_reason=fr)]))
+            self._publish([ReqTokenOut(rid=msg.rid, new_ids=[], finish_reason=FinishAbort(message=why))])
             return
         if isinstance(reply, InternalStateOut):
             reply = InternalStateOut(state={**reply.state, **self._grammar_state(), **self.timer.state()})

@@ -35,6 +35,10 @@ def _token_text(value: Any) -> str | None:
 
 def _from_hf_dir(path: str) -> Tokenizer:
     backend = tokenizers.Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+    # A tokenizer.json may carry fixed padding and truncation (BERT checkpoints: pad and cut to 128): ids are
+    # exactly the text's here; lengths are checked (and cut only when a request asks) by the callers.
+    backend.no_padding()
+    backend.no_truncation()
     config = _read_json(os.path.join(path, "tokenizer_config.json"))
     config.update({k: v for k, v in _read_json(os.path.join(path, "special_tokens_map.json")).items() if v})
     generation = _read_json(os.path.join(path, "generation_config.json"))

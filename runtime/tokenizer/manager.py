@@ -34,6 +34,7 @@ from runtime.constrained import validate_params
 from runtime.ipc import AsyncReceiver, Endpoints, Sender
 from runtime.messages import (
     AbortReq,
+    BatchEmbeddingOut,
     BatchTextOut,
     FinishAbort,
     FinishReason,
@@ -48,6 +49,7 @@ from runtime.messages import (
     ToTokenizer,
 )
 from runtime.sampling.params import SamplingParams
+from runtime.tokenizer.embedding import EmbeddingRequests
 from runtime.tokenizer.generate_input import GenerateRequest, OpenAINames, RequestError, fit_context
 from runtime.tokenizer.tokenizer import Tokenizer
 
@@ -179,6 +181,8 @@ class TokenizerManager:
         self.failed: str | None = None
         self._tasks: list[asyncio.Task] = []
         self.token_text = lru_cache(maxsize=65536)(lambda i: tokenizer.decode([i], False, False))
+        # embedding mode's requests (runtime/tokenizer/embedding.py); on a generative model it refuses them
+        self.embeddings = EmbeddingRequests(self._send, info, tokenizer, self.max_outstanding, stats)
 
     def start(self) -> None:
         """Start the receive loop and the abort sweeper (call on the running loop)."""
@@ -203,6 +207,9 @@ class TokenizerManager:
         """Like `submit` for a batch: all are validated before any is sent."""
         if self.failed:
             raise RequestError(self.failed, None, "server_unavailable", 503, "server_error")
+        if self.info.is_embedding:
+            raise RequestError("this server serves an embedding model (--is-embedding): it does not generate; "
+                               "use /v1/embeddings or /encode", None, "model_not_generative")
         prepared = [(req, *self._validate(req)) for req in reqs]
         rids_of: list[list[str]] = []
         for req, sp, _ in prepared:
@@ -333,6 +340,7 @@ class TokenizerManager:
     def fail_all(self, message: str) -> None:
         """The runtime is gone: finish every waiting request with an error, refuse new ones."""
         self.failed = message
+        self.embeddings.fail_all(message)
         for st in list(self._states.values()):
             st.error = message
             self._finish(st, FinishAbort(message=message))
@@ -352,6 +360,8 @@ class TokenizerManager:
                 if isinstance(msg, BatchTextOut):
                     for out in msg.outs:
                         self._on_text(out)
+                elif isinstance(msg, BatchEmbeddingOut):
+                    self.embeddings.on_batch(msg)
                 else:
                     dq = self._waiters.get(type(msg))
                     while dq:
