@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from server.auth import send_error
-from server.errors import error_body
+from server.errors import envelope
 
-GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/score"})
+GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/score",
+                              "/v1/messages", "/v1/messages/count_tokens"})
 EMBEDDING_PATHS = frozenset({"/v1/embeddings", "/encode"})
 
 
@@ -35,8 +36,9 @@ class ModeMiddleware:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         tm = self.state.tm
         if scope["type"] == "http" and tm is not None and self.state.ready:
-            why = mode_error(scope["path"].rstrip("/") or "/", tm.info.is_embedding)
+            path = scope["path"].rstrip("/") or "/"
+            why = mode_error(path, tm.info.is_embedding)
             if why is not None:
                 code = "model_not_generative" if tm.info.is_embedding else "model_not_embedding"
-                return await send_error(send, 400, error_body(why, "invalid_request_error", None, code))
+                return await send_error(send, 400, envelope(path, 400, why, "invalid_request_error", None, code))
         await self.app(scope, receive, send)
