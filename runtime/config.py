@@ -122,6 +122,16 @@ class SchedulerConfig:
     """Waiting-queue bound; past it the server answers 503 with Retry-After."""
     stream_interval: int = 1
     """Send streamed output every N tokens."""
+    enable_priority_scheduling: bool = False
+    """Honour a request's integer `priority` (native /generate, OpenAI chat and completions): the waiting queue
+    is ordered by priority first (--schedule-policy within one priority), and a waiting request that cannot be
+    admitted retracts running requests whose priority is lower by more than
+    --priority-scheduling-preemption-threshold. Off: a request giving `priority` is a 400."""
+    schedule_low_priority_values_first: bool = False
+    """With --enable-priority-scheduling: smaller `priority` values run first (default: larger ones do)."""
+    priority_scheduling_preemption_threshold: int = 10
+    """With --enable-priority-scheduling: a waiting request preempts (retracts) a running one only when its
+    priority is higher by more than this (the retracted request keeps its output and its cached KV)."""
 
 
 @dataclass(frozen=True)

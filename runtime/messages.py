@@ -57,6 +57,8 @@ class TokenizedGenerateReq(Msg):
     top_logprobs_num: int = 0
     stream: bool = False
     input_text: str | None = None
+    priority: int = 0  # --enable-priority-scheduling only (else always 0)
+    prediction_ids: list[int] | None = None  # predicted output tokens: the n-gram proposer's draft source
 
 
 class TokenizedEmbeddingReq(Msg):

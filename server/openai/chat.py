@@ -1,6 +1,6 @@
 """POST /v1/chat/completions.
 
-Data flow: strict JSON body -> `Body` (unknown fields logged) -> model check (404) -> messages validated
+Data flow: strict JSON body -> `Body` (an unknown field is a 400 naming it) -> model check (404) -> messages validated
 and normalized (developer -> system, text parts joined) -> tools planned (server/openai/tools.py) -> the
 chat template (the model's, or `--chat-template`) rendered and tokenized by `Tokenizer.encode_chat`, so
 control tokens come only from the template -> sampling params (+ a JSON-schema constraint for
@@ -38,6 +38,7 @@ KNOWN = frozenset({
     "repetition_penalty", "regex", "ebnf", "chat_template_kwargs", "continue_final_message",
     "add_generation_prompt", "stop_token_ids", "ignore_eos", "skip_special_tokens",
     "spaces_between_special_tokens", "no_stop_trim", "functions", "function_call", "parallel_tool_calls",
+    "priority", "prediction", "rid", "store",
 })
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool",
          "function": "tool"}

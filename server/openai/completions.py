@@ -33,6 +33,7 @@ KNOWN = frozenset({
     "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix", "temperature", "top_p", "top_k",
     "min_p", "min_tokens", "repetition_penalty", "regex", "ebnf", "json_schema", "response_format",
     "stop_token_ids", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+    "priority",
 })
 DEFAULT_MAX_TOKENS = 16
 
