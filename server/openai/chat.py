@@ -215,14 +215,19 @@ async def chat_completions(request: Request) -> Response:
                                f"combined with '{cons_param}'", "tool_choice", "invalid_value")
         cons, cons_param = {"json_schema": json.dumps(plan.schema(), separators=(",", ":"))}, "tools"
     parallel = body.boolean("parallel_tool_calls", True)
+    if body.boolean("store"):
+        raise RequestError("'store': chat completions are not stored (the Responses API stores responses)",
+                           "store", "unsupported_parameter")
+    rid = body.string("rid")
     ids = tokenize_chat(body, state, tm, messages, plan)
     sp.update(cons, n=n)
     if max_new is not None:
         sp["max_new_tokens"] = max_new
     cid = C.new_id("chatcmpl")
     names = OpenAINames(prompt="messages", max_tokens=max_key, constraint=cons_param)
-    handle = tm.submit(GenerateRequest(input_ids=ids, sampling_params=sp, rid=cid, stream=stream,
-                                       return_logprob=want_lp, top_logprobs_num=top, openai=names))
+    handle = tm.submit(GenerateRequest(input_ids=ids, sampling_params=sp, rid=rid or cid, stream=stream,
+                                       return_logprob=want_lp, top_logprobs_num=top, openai=names,
+                                       priority=P.priority(body), prediction=P.prediction(body)))
     fmt = LogprobFormatter(tm) if want_lp else None
     base = {"id": cid, "object": "chat.completion.chunk", "created": C.now(), "model": model,
             "system_fingerprint": None}

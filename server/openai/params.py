@@ -206,6 +206,29 @@ def logit_bias(v: Any, vocab_size: int) -> dict[str, float] | None:
     return out
 
 
+def priority(body: Body) -> int | None:
+    """`priority` (an integer; larger runs first unless the server says otherwise; docs/protocol.md)."""
+    return body.integer("priority", -INT64_MAX, INT64_MAX)
+
+
+def prediction(body: Body) -> str | None:
+    """The text of OpenAI's `prediction` ({"type": "content", "content": a string or text parts})."""
+    v = body.raw("prediction")
+    if v is None:
+        return None
+    if not isinstance(v, dict) or v.get("type") != "content":
+        raise RequestError("'prediction' must be {\"type\": \"content\", \"content\": ...}", "prediction",
+                           "invalid_value")
+    content = v.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise RequestError("'prediction.content' must be a string or a list of text parts", "prediction.content",
+                       "invalid_type")
+
+
 def max_tokens(body: Body, keys: tuple[str, ...]) -> tuple[int | None, str]:
     """The first of `keys` given (e.g. max_completion_tokens before max_tokens), at least 1; and its name."""
     for key in keys:
