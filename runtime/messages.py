@@ -110,6 +110,7 @@ class ReqTokenOut(Msg):
     stop_trim: str | None = None  # matched stop string to cut from the text tail
     spec_verify_ct: int = 0  # speculative verify steps of this request so far
     spec_accepted_tokens: int = 0  # proposed tokens they accepted
+    spec_draft_tokens: int = 0  # proposed tokens they verified
     # logprobs, aligned with new_ids: (logprob, token id) and per position a top-k list
     output_logprobs: list[tuple[float, int]] | None = None
     output_top_logprobs: list[list[tuple[float, int]]] | None = None
@@ -142,6 +143,7 @@ class ReqTextOut(Msg):
     num_retractions: int = 0
     spec_verify_ct: int = 0
     spec_accepted_tokens: int = 0
+    spec_draft_tokens: int = 0
     output_logprobs: list[tuple[float, int]] | None = None
     output_top_logprobs: list[list[tuple[float, int]]] | None = None
     input_logprobs: list[tuple[float | None, int]] | None = None

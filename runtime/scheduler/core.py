@@ -83,6 +83,7 @@ class SpecState:
     prediction_pos: int = 0
     verify_ct: int = 0
     accepted: int = 0  # drafts accepted over all verify steps
+    drafted: int = 0  # drafts verified over all verify steps
     accept_avg: float = 0.0
     pause: int = 0
     pause_len: int = 0

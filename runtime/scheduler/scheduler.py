@@ -380,6 +380,7 @@ class Scheduler:
             num_retractions=req.num_retractions, skip_special_tokens=p.skip_special_tokens,
             spaces_between_special_tokens=p.spaces_between_special_tokens, no_stop_trim=p.no_stop_trim,
             stop_trim=req.stop_trim, spec_verify_ct=req.spec.verify_ct, spec_accepted_tokens=req.spec.accepted,
+            spec_draft_tokens=req.spec.drafted,
         )
         if req.logprobs.wanted:
             out.output_logprobs, req.logprobs.out = req.logprobs.out, []

@@ -94,7 +94,7 @@ class ReqState:
         self.output_ids: list[int] = []
         self.counts = {"prompt_tokens": prompt_len, "completion_tokens": 0, "cached_tokens": 0}
         self.num_retractions = 0
-        self.spec = (0, 0)  # (speculative verify steps, accepted proposed tokens)
+        self.spec = (0, 0, 0)  # speculative verify steps, proposed tokens accepted, proposed tokens verified
         self.finish_reason: FinishReason | None = None
         self.finished = False
         self.queued = False  # in `sink` already (several updates coalesce into one wake-up)
@@ -303,10 +303,11 @@ class TokenizerManager:
         """A native /generate result for `st` (cumulative text), plus `index`."""
         meta: dict[str, Any] = {"id": st.rid, "finish_reason": st.finish_reason, **st.counts,
                                 "num_retractions": st.num_retractions}
-        verify, accepted = st.spec
-        if verify:  # speculative decoding ran: steps and mean tokens per verify step (accepted drafts + 1)
+        verify, accepted, drafted = st.spec
+        if verify:  # speculative decoding ran: steps, mean tokens per verify step (accepted drafts + 1), drafts
             meta["spec_verify_ct"] = verify
             meta["spec_accept_length"] = (accepted + verify) / verify
+            meta["spec_draft_tokens"], meta["spec_accepted_tokens"] = drafted, accepted
         if st.finished:
             meta["e2e_latency"] = time.monotonic() - st.created
         if st.req.return_logprob:
@@ -404,7 +405,7 @@ class TokenizerManager:
         st.counts["completion_tokens"] = out.completion_tokens or len(st.output_ids)
         st.counts["cached_tokens"] = out.cached_tokens
         st.num_retractions = out.num_retractions
-        st.spec = (out.spec_verify_ct, out.spec_accepted_tokens)
+        st.spec = (out.spec_verify_ct, out.spec_accepted_tokens, out.spec_draft_tokens)
         if out.output_logprobs:
             st.out_lp.extend(out.output_logprobs)
             st.out_top.extend(out.output_top_logprobs or [None] * len(out.output_logprobs))

@@ -223,17 +223,19 @@ async def chat_completions(request: Request) -> Response:
     sp.update(cons, n=n)
     if max_new is not None:
         sp["max_new_tokens"] = max_new
+    predicted = P.prediction(body)
     cid = C.new_id("chatcmpl")
     names = OpenAINames(prompt="messages", max_tokens=max_key, constraint=cons_param)
     handle = tm.submit(GenerateRequest(input_ids=ids, sampling_params=sp, rid=rid or cid, stream=stream,
                                        return_logprob=want_lp, top_logprobs_num=top, openai=names,
-                                       priority=P.priority(body), prediction=P.prediction(body)))
+                                       priority=P.priority(body), prediction=predicted))
     fmt = LogprobFormatter(tm) if want_lp else None
     base = {"id": cid, "object": "chat.completion.chunk", "created": C.now(), "model": model,
             "system_fingerprint": None}
     if stream:
         def usage_of(metas: list[dict[str, Any]]) -> dict[str, Any]:
-            return C.usage(state, [[{"meta_info": m} for m in metas if m]])
+            u = C.usage(state, [[{"meta_info": m} for m in metas if m]])
+            return u if predicted is None else C.with_prediction(u, [m for m in metas if m])
 
         return sse_response(ChatStream(handle, base, n, plan, fmt, top, include_usage, usage_of,
                                        parallel).events())
@@ -243,7 +245,10 @@ async def chat_completions(request: Request) -> Response:
         return Response(status_code=499)
     C.raise_for_aborts(per_prompt)
     choices = [_choice(r, plan, fmt, top, parallel) for r in per_prompt[0]]
-    return JSON({**base, "object": "chat.completion", "choices": choices, "usage": C.usage(state, per_prompt)})
+    usage = C.usage(state, per_prompt)
+    if predicted is not None:
+        usage = C.with_prediction(usage, [r["meta_info"] for r in per_prompt[0]])
+    return JSON({**base, "object": "chat.completion", "choices": choices, "usage": usage})
 
 
 def _choice(r: dict[str, Any], plan: T.ToolPlan, fmt: LogprobFormatter | None, top: int,
