@@ -189,6 +189,7 @@ class ModelInfo(msgspec.Struct, frozen=True):
     is_embedding: bool = False  # an encoder served by the embedding scheduler (runtime/scheduler/embedding.py)
     embedding_dim: int = 0  # its embedding width (embedding mode)
     matryoshka_dims: tuple[int, ...] = ()  # widths it may be cut to (embedding mode; empty: only its own)
+    fallbacks: dict[str, str] = {}  # start-up fallbacks of the scheduler process (kernels/fallbacks.py)
 
 
 class ReadyMsg(Msg):
