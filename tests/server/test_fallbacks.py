@@ -11,7 +11,7 @@ import logging
 import pytest
 
 from kernels import fallbacks
-from tests.server.conftest import ServerProc
+from tests.server.harness import ServerProc
 
 
 def test_record_logs_one_line_per_part(caplog, monkeypatch):

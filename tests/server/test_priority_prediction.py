@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from tests.server.conftest import ServerProc
+from tests.server.harness import ServerProc
 
 FILE = """def area(width, height):
     return width * height

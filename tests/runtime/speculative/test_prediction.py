@@ -9,7 +9,8 @@ import numpy as np
 from runtime.messages import TokenizedGenerateReq
 from runtime.sampling.params import SamplingParams
 from runtime.speculative import propose_from_source
-from tests.runtime.test_scheduler import drain, make, prompt, reference
+from tests.runtime.scheduler.harness import create_scheduler as make
+from tests.runtime.scheduler.harness import drain, prompt, reference
 
 SPEC = {"speculative_algorithm": "ngram", "speculative_num_draft_tokens": 4}
 

@@ -1,4 +1,4 @@
-"""One rank of test_tp_step's two-process exchange: `python -m tests.runtime.tp_step_rank RANK PORT`.
+"""One rank of test_tp_step's two-process exchange: `python -m tests.runtime.executor.tp_step_rank RANK PORT`.
 
 Every pickle entry point (pickle.dumps/loads/Pickler/Unpickler, torch.distributed's own pickler references and
 its *_object collectives) is replaced by a function that raises before the group is joined, so a step path that

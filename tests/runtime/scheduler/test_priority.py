@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from runtime.messages import TokenizedGenerateReq
 from runtime.sampling.params import SamplingParams
-from tests.runtime.test_scheduler import Results, drain, make, prompt, reference, step
+from tests.runtime.scheduler.harness import Results, drain, prompt, reference, step
+from tests.runtime.scheduler.harness import create_scheduler as make
 
 
 def gen(rid: str, p: list[int], max_new: int, priority: int) -> TokenizedGenerateReq:

@@ -1,7 +1,7 @@
 """The tensor-parallel step message (runtime/executor/tp.py): a msgspec header and one int64 tensor, no pickle.
 
 Round trip of `pack_step` / `unpack_step`, then two real gloo ranks on 127.0.0.1 exchanging steps with every
-pickle entry point made to raise (tests/runtime/tp_step_rank.py): what rank 1 receives equals what rank 0 sent."""
+pickle entry point made to raise (tests.runtime.executor.tp_step_rank.py): what rank 1 receives equals what rank 0 sent."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import sys
 import torch
 
 from runtime.executor.tp import STOP, pack_step, unpack_step
-from tests.runtime.tp_step_rank import as_json, steps
-from tests.server.conftest import ROOT, free_port
+from tests.runtime.executor.tp_step_rank import as_json, steps
+from tests.server.harness import ROOT, free_port
 
 
 def test_pack_unpack_round_trip():
@@ -31,7 +31,7 @@ def test_pack_unpack_round_trip():
 def test_two_ranks_exchange_steps_without_pickle():
     port = free_port()
     env = {**os.environ, "PYTHONPATH": ROOT}
-    cmd = [sys.executable, "-m", "tests.runtime.tp_step_rank"]
+    cmd = [sys.executable, "-m", "tests.runtime.executor.tp_step_rank"]
     procs = [subprocess.Popen([*cmd, str(r), str(port)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     try:
