@@ -1,8 +1,8 @@
 """One rank of test_tp_step's two-process exchange: `python -m tests.runtime.executor.tp_step_rank RANK PORT`.
 
-Every pickle entry point (pickle.dumps/loads/Pickler/Unpickler, torch.distributed's own pickler references and
-its *_object collectives) is replaced by a function that raises before the group is joined, so a step path that
-pickles fails here. Rank 0 broadcasts two steps and the stop message; rank 1 prints what it received."""
+In that process every pickle entry point (pickle.dumps/loads/Pickler/Unpickler, torch.distributed's own pickler
+references and its *_object collectives) is replaced by a function that raises before the group is joined, so a
+step path that pickles fails there. (Importing this module changes nothing: the test imports `steps`.) Rank 0 broadcasts two steps and the stop message; rank 1 prints what it received."""
 
 from __future__ import annotations
 
@@ -19,13 +19,16 @@ def _no_pickle(*a, **k):
     raise AssertionError("pickle used on the tensor-parallel step path")
 
 
-for mod, names in ((pickle, ("dumps", "loads", "dump", "load", "Pickler", "Unpickler")),
-                   (c10d, ("_pickler", "_unpickler", "broadcast_object_list", "all_gather_object",
-                           "scatter_object_list", "gather_object")),
-                   (dist, ("broadcast_object_list", "all_gather_object", "scatter_object_list", "gather_object"))):
-    for name in names:
-        if hasattr(mod, name):
-            setattr(mod, name, _no_pickle)
+def _forbid_pickle() -> None:
+    for mod, names in ((pickle, ("dumps", "loads", "dump", "load", "Pickler", "Unpickler")),
+                       (c10d, ("_pickler", "_unpickler", "broadcast_object_list", "all_gather_object",
+                               "scatter_object_list", "gather_object")),
+                       (dist, ("broadcast_object_list", "all_gather_object", "scatter_object_list",
+                               "gather_object"))):
+        for name in names:
+            if hasattr(mod, name):
+                setattr(mod, name, _no_pickle)
+
 
 from runtime.executor.forward_batch import ForwardBatch  # noqa: E402
 from runtime.executor.tp import broadcast_step  # noqa: E402
@@ -47,6 +50,7 @@ def as_json(fb: ForwardBatch, rows: torch.Tensor) -> dict:
 
 def main() -> None:
     rank, port = int(sys.argv[1]), int(sys.argv[2])
+    _forbid_pickle()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     got = []
     for payload in [*steps(), None]:
