@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from machine import describe  # noqa: E402
 
 from runtime import Engine  # noqa: E402
 
@@ -126,24 +128,6 @@ def one(engine: Engine, ids: list[int], code: str, arm: str, max_new: int) -> di
             "accepted": meta.get("spec_accepted_tokens", 0), "drafted": meta.get("spec_draft_tokens", 0)}
 
 
-def cpuinfo_line(key: str) -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(key)), "")
-    except OSError:
-        return ""
-
-
-def cpu_name() -> str:
-    return cpuinfo_line("model name") or platform.processor() or platform.machine()
-
-
-def isa() -> str:
-    flags = cpuinfo_line("flags").split()
-    keep = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
-    return ", ".join(f for f in keep if f in flags) or "no AVX2"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -181,7 +165,7 @@ def main() -> None:
     cmd = f"python bench/prediction.py --rounds {args.rounds} --max-new {args.max_new} --draft-tokens {args.draft_tokens}"
     text = f"""# Predicted outputs on an edit-a-file workload
 
-Machine: {cpu_name()}, {os.cpu_count()} vCPUs ({isa()}), torch {__import__("torch").__version__}.
+Machine: {describe()}, torch {__import__("torch").__version__}.
 Date: {time.strftime("%Y-%m-%d")}. Command: `{cmd}`
 
 SmolLM2-135M-Instruct, float32 dense weights (`--quantization none`), greedy, one request at a time. Each of
