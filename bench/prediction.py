@@ -11,7 +11,10 @@ prefill is excluded. Per arm: the median decode tok/s over files x rounds, the r
 accepted / drafts verified (meta_info spec_accepted_tokens / spec_draft_tokens), and whether every file's
 text was identical across the arms. Writes bench/results/prediction.md (or --out).
 
-    python bench/prediction.py [--rounds 3] [--max-new 320] [--draft-tokens 4] [--out FILE]
+    python bench/prediction.py [--rounds 3] [--max-new 320] [--draft-tokens 4] [--files 4]
+                               [--arms off,ngram,ngram+prediction] [--out FILE]
+RADIXGEN_DISABLE_COMPILE=1 runs every decode step eagerly (as verify steps always run); the results file says
+which.
 """
 
 from __future__ import annotations
@@ -133,18 +136,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-new", type=int, default=320)
     ap.add_argument("--draft-tokens", type=int, default=4)
+    ap.add_argument("--files", type=int, default=len(FILES), help="use the first N files")
+    ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "prediction.md"))
     args = ap.parse_args()
+    arms = tuple(a for a in ARMS if a in args.arms.split(","))
+    files = FILES[: args.files]
     engine = Engine(max_total_tokens=8192, dtype="float32", quantization="none", speculative_algorithm="ngram",
                     speculative_num_draft_tokens=args.draft_tokens, log_level="warning")
     try:
-        prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": prompt(o, n, c)}]) for o, n, c in FILES]
-        one(engine, prompts[0], FILES[0][2], "off", 16)  # warm-up
-        runs: dict[str, list[dict]] = {a: [] for a in ARMS}
+        prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": prompt(o, n, c)}]) for o, n, c in files]
+        one(engine, prompts[0], files[0][2], "off", 16)  # warm-up
+        runs: dict[str, list[dict]] = {a: [] for a in arms}
         texts: dict[tuple[str, int], set[str]] = {}
         for r in range(args.rounds):
-            order = ARMS[r % 3:] + ARMS[: r % 3]
-            for i, (_, _, code) in enumerate(FILES):
+            order = arms[r % len(arms):] + arms[: r % len(arms)]
+            for i, (_, _, code) in enumerate(files):
                 for arm in order:
                     res = one(engine, prompts[i], code, arm, args.max_new)
                     runs[arm].append(res)
@@ -154,22 +161,24 @@ def main() -> None:
     finally:
         engine.shutdown()
     identical = all(len(v) == 1 for v in texts.values())
-    base = statistics.median(x["rate"] for x in runs["off"])
+    base = statistics.median(x["rate"] for x in runs[arms[0]])
     rows = []
-    for arm in ARMS:
+    for arm in arms:
         rs = runs[arm]
         rate = statistics.median(x["rate"] for x in rs)
         acc, dr = sum(x["accepted"] for x in rs), sum(x["drafted"] for x in rs)
         share = f"{acc / dr:.2f} ({acc}/{dr})" if dr else "-"
         rows.append(f"| {arm} | {rate:.1f} | {rate / base:.2f}x | {share} | {statistics.median(x['tokens'] for x in rs):.0f} |")
-    cmd = f"python bench/prediction.py --rounds {args.rounds} --max-new {args.max_new} --draft-tokens {args.draft_tokens}"
+    eager = os.environ.get("RADIXGEN_DISABLE_COMPILE") == "1"
+    cmd = (("RADIXGEN_DISABLE_COMPILE=1 " if eager else "") + f"python bench/prediction.py --rounds {args.rounds} "
+           f"--max-new {args.max_new} --draft-tokens {args.draft_tokens} --files {args.files} --arms {','.join(arms)}")
     text = f"""# Predicted outputs on an edit-a-file workload
 
 Machine: {describe()}, torch {__import__("torch").__version__}.
 Date: {time.strftime("%Y-%m-%d")}. Command: `{cmd}`
 
-SmolLM2-135M-Instruct, float32 dense weights (`--quantization none`), greedy, one request at a time. Each of
-{len(FILES)} short Python files (15-20 lines) is sent with "rewrite the whole file with one name renamed"; the
+SmolLM2-135M-Instruct, float32 dense weights (`--quantization none`), greedy, one request at a time, decode
+steps {"eager" if eager else "compiled"}. Each of {len(files)} short Python files (15-20 lines) is sent with "rewrite the whole file with one name renamed"; the
 prediction is the original file, so the expected answer is a lightly edited copy of it. Arms alternate in a
 rotated order each round; {args.rounds} rounds; decode tokens/s per request (prefill excluded), median over
 files x rounds. "accepted" is drafts accepted / drafts verified over all the arm's requests
@@ -177,11 +186,11 @@ files x rounds. "accepted" is drafts accepted / drafts verified over all the arm
 `usage.completion_tokens_details`). Without a prediction the n-gram proposer looks the suffix up in the
 prompt, which holds the original file too.
 
-| arm | decode tok/s | vs off | accepted | output tokens (median) |
+| arm | decode tok/s | vs {arms[0]} | accepted | output tokens (median) |
 |---|---:|---:|---:|---:|
 {chr(10).join(rows)}
 
-Greedy text identical across the three arms for every file: {"yes" if identical else "NO"}.
+Greedy text identical across the arms for every file: {"yes" if identical else "NO"}.
 """
     with open(args.out, "w") as f:
         f.write(text)
