@@ -110,7 +110,8 @@ class Scheduler:
         self.new_token_ratio = self.init_ratio
         self.stats = {"num_retracted_reqs": 0, "prompt_tokens": 0, "cached_tokens": 0, "forward_steps": 0,
                       "prefill_tokens": 0, "decode_tokens": 0, "jump_forward_steps": 0, "jump_forward_tokens": 0,
-                      "mixed_steps": 0, "stall_steps": 0, "num_preempted_reqs": 0, **{f"stall_steps_{r}": 0 for r in STALL_REASONS}}
+                      "mixed_steps": 0, "stall_steps": 0, "num_preempted_reqs": 0,
+                      **{f"stall_steps_{r}": 0 for r in STALL_REASONS}}
         self._retracted_now: list[Req] = []
         self._expect: list[tuple[Req, int]] = []
         self.last_forward: tuple[bool, float] | None = None  # set by forward(), read and cleared by the loop
