@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from runtime.messages import FinishStop
 from runtime.tokenizer.chat_template import check_chat_template
 from runtime.tokenizer.generate_input import RequestError, normalize_generate
 from server.cli import build_parser
@@ -116,7 +117,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 def test_parallel_tool_calls_false_keeps_one_call():
     plan = T.parse_tools(TOOLS, "auto")
     two = '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "arguments": {}}]'
-    r = {"index": 0, "text": two, "meta_info": {"finish_reason": {"type": "stop"}}}
+    r = {"index": 0, "text": two, "meta_info": {"finish_reason": FinishStop()}}
     assert len(_choice(r, plan, None, 0, parallel=True)["message"]["tool_calls"]) == 2
     one = _choice(r, plan, None, 0, parallel=False)
     assert [c["function"]["arguments"] for c in one["message"]["tool_calls"]] == ['{"city": "Paris"}']
