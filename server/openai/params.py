@@ -41,7 +41,7 @@ ONLY_AT: dict[str, tuple[tuple[Any, ...], str]] = {
     "modalities": ((["text"],), "only [\"text\"] is supported"),
     "audio": ((), "audio output is not supported"),
     "web_search_options": ((), "web search is not supported"),
-    "service_tier": (("auto", "default"), "only the default tier exists (auto or default)"),
+    "service_tier": (("auto", "default", "standard_only"), "only the standard tier exists (auto, default, standard_only)"),
     "reasoning_effort": ((), "this model has no reasoning mode"),
     "verbosity": (("medium",), "only 'medium' is supported"),
     "return_hidden_states": ((False,), "returning hidden states is not supported"),
