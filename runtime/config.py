@@ -27,9 +27,8 @@ class ModelConfig:
     """Model name reported by the API (default: derived from the model path)."""
     dtype: str = "auto"
     """Weights and activations dtype: auto, float32 or bfloat16 (auto: bfloat16 on CUDA and on CPUs with native
-    bf16, avx512_bf16 or amx_bf16 in /proc/cpuinfo; float32 otherwise, where torch's bf16 matmul is many times
-    slower than its float32 one, bench/results/roofline-zen3.md; quantized CPU weights' own kernels take bf16
-    activations either way)."""
+    bf16, avx512_bf16 or amx_bf16 in /proc/cpuinfo; float32 otherwise, where torch's bf16 matmul is slow;
+    docs/quantization.md)."""
     quantization: str = "auto"
     """Weight quantization: auto, gguf, none, int8, int4 or fp8 (weight-only; norms, biases and the embedding stay
     float, the lm_head is int8, fp8 under fp8). gguf: a GGUF keeps its Q4_0/Q4_1/Q4_K linears as int4 and Q8_0
@@ -42,21 +41,19 @@ class ModelConfig:
     quantization_dense_rows: int = 8
     """CPU, int4/int8 weights: calls with at least this many rows (decode batches of this size, prefill) run a
     dense GEMM in the model's dtype on a copy kept beside each quantized weight, fewer rows the weight-only
-    kernels (they read 2-4x fewer bytes, so they win alone; torch's CPU ones loop over rows, so a dense GEMM wins
-    at batch: bench/results/quant_kernels.md, quant.md). The copies cost 2 (bfloat16) or 4 (float32) bytes per
-    parameter. 0: no copies (prefill then dequantizes each weight per call)."""
+    kernels (they read fewer bytes; torch's CPU ones loop over rows). The copies cost 2 (bfloat16) or 4
+    (float32) bytes per parameter. 0: no copies (prefill then dequantizes each weight per call)."""
     quantization_kernel: str = "auto"
     """CPU, int4/int8 weights: the weight-only kernel for calls below --quantization-dense-rows rows (decode).
     native: kernels/cpu's AVX2 GEMV on GGUF-style blocks (Q4_1 / Q8_0 layouts; activations rounded to int8 per
-    block of 32, as llama.cpp does; 1.7-2.1x torch's at one row, bench/results/quant_kernels-zen3.md); torch:
-    torch's _weight_int4pack_mm_for_cpu / _weight_int8pack_mm (bfloat16 activations); auto: native on x86 CPUs with
-    AVX2, FMA and F16C and no AVX-512 (where it was measured) when kernels/cpu builds, else torch. A Q8_0
-    tensor keeps its block scales under native; torch's int8 kernel needs one scale per output channel, so
-    there it is re-rounded."""
+    block of 32, as llama.cpp does); torch: torch's _weight_int4pack_mm_for_cpu / _weight_int8pack_mm (bfloat16
+    activations); auto: native on x86 CPUs with AVX2, FMA and F16C and no AVX-512, else torch (if kernels/cpu
+    cannot be built there: torch, with a warning and a `fallbacks` entry in /get_server_info). A Q8_0 tensor
+    keeps its block scales under native; torch's int8 kernel needs one scale per output channel, so there it is
+    re-rounded."""
     kv_cache_dtype: str = "auto"
     """KV cache element type: auto, float32, bfloat16 or float16. auto: float16 on CPU when the model runs in
-    float32 with quantized weights (the approximate, llama.cpp-like mode: llama.cpp keeps its KV cache in float16;
-    single-stream decode reads the cache once per token, so half the bytes, bench/results/kv_dtype-zen3.md), else
+    float32 with quantized weights (the approximate, llama.cpp-like mode: half the bytes per cached token), else
     the model's dtype (so --quantization none / --dtype float32 keep the exact float32 path). A float16 cache
     under a float32 model is widened to float32 when read (scores, softmax and outputs in float32). Supported:
     the model's dtype anywhere, float16 under float32 on CPU."""
@@ -66,7 +63,8 @@ class ModelConfig:
     """Lower the model's maximum context length; it can only lower it (a larger value is capped at the model's)."""
     attention_backend: str = "auto"
     """Attention kernels: auto, cpu, torch, triton or flashinfer (auto: flashinfer/triton on CUDA; on CPU the
-    native cpu kernels, compiled on first use, falling back to torch with a warning when they cannot be built)."""
+    native cpu kernels, compiled on first use; when they cannot be built, torch, with a warning and a `fallbacks`
+    entry in /get_server_info)."""
     random_seed: int = 0
     """Seed for sampling of requests that give none."""
     num_threads: int | None = None
@@ -113,7 +111,7 @@ class SchedulerConfig:
     token in a step that prefills (counted in the stall_steps metric)."""
     enable_overlap_schedule: bool = False
     """Experiment: run each forward on a worker thread while the scheduler loop receives and queues new requests
-    (see bench/results/mixed_steps.md for whether it pays on this machine)."""
+    (measured in bench/results/mixed_steps.md)."""
     schedule_policy: str = "auto"
     """Waiting-queue order: auto (lpm with the cache, fcfs without), lpm, fcfs or dfs-weight."""
     schedule_conservativeness: float = 1.0
@@ -122,18 +120,26 @@ class SchedulerConfig:
     """Waiting-queue bound; past it the server answers 503 with Retry-After."""
     stream_interval: int = 1
     """Send streamed output every N tokens."""
+    enable_priority_scheduling: bool = False
+    """Honour a request's integer `priority` (native /generate, OpenAI chat and completions): the waiting queue
+    is ordered by priority first (--schedule-policy within one priority), and a waiting request that cannot be
+    admitted retracts running requests whose priority is lower by more than
+    --priority-scheduling-preemption-threshold. Off: a request giving `priority` is a 400."""
+    schedule_low_priority_values_first: bool = False
+    """With --enable-priority-scheduling: smaller `priority` values run first (default: larger ones do)."""
+    priority_scheduling_preemption_threshold: int = 10
+    """With --enable-priority-scheduling: a waiting request preempts (retracts) a running one only when its
+    priority is higher by more than this (the retracted request keeps its output and its cached KV)."""
 
 
 @dataclass(frozen=True)
 class GrammarConfig:
     grammar_backend: str = "llguidance"
-    """Constrained-decoding backend: llguidance (default), xgrammar, outlines or none. Chosen by measurement on
-    JSONSchemaBench's MaskBench cases with SmolLM2's vocabulary (bench/results/constrained.md): llguidance
-    compiles the most real-world schemas (395/475 by itself, 425 after radixgen's equal-form rewrites,
-    runtime/constrained/json_equiv.py) and rejects every invalid test document, with the lowest compile p99;
-    xgrammar ignores some keywords, so radixgen refuses them for it; outlines turns a schema into one regex and
-    refuses most large ones. A backend whose package cannot load
-    stops start-up with the install command."""
+    """Constrained-decoding backend: llguidance (default), xgrammar, outlines or none. Schemas are first
+    rewritten into equal forms the backend enforces (runtime/constrained/json_equiv.py); what a backend cannot
+    enforce is a 400 naming it (xgrammar ignores some keywords, so radixgen refuses them for it; outlines turns a
+    schema into one regex). Coverage per backend: bench/results/constrained.md. A backend whose package cannot
+    load stops start-up with the install command."""
     constrained_json_whitespace_pattern: str | None = None
     """Regex for whitespace allowed between JSON tokens (default: none, compact JSON)."""
     disable_jump_forward: bool = False
@@ -158,17 +164,15 @@ class GrammarConfig:
     pattern's shortest match; a format with its own limit (email 254, uri 2048, date-time 64) takes the smaller
     of the two; xgrammar caps no string with a pattern or format (it drops a length there). Trade-off: a longer
     legitimate value is cut short and closed validly (the output still validates), so raise it or pass 0 where
-    long free text is expected. Chosen by measurement (bench/results/constrained.md): with 256/32/32 (this and
-    the two caps below) 4 of MaskBench's 573 valid documents hold a longer value (128/16/16: 9, 64/8/8: 36),
-    while end to end on 120 real schemas the smaller caps returned about as many valid answers (86 vs 85 of
-    120 at max_tokens 1024: within the run-to-run noise). A free-form value (`{}`, `true`, an open object's extra
+    long free text is expected (the default's trade-off is measured in bench/results/constrained.md). A free-form
+    value (`{}`, `true`, an open object's extra
     values, an array's items without a schema) gets the three caps at every level, nested at most 3
     arrays/objects deep, its object keys at most this long on llguidance (runtime/constrained/json_any.py; only
     where no other subschema says more about that value)."""
     json_max_array_items: int = 32
     """A JSON array without maxItems may hold at most this many items (never below its minItems; llguidance and
     xgrammar backends; 0: no cap), so a repeated item (`"","",...`) cannot fill the token budget; longer
-    legitimate arrays are cut short, validly (no MaskBench valid document has an array past 16 items)."""
+    legitimate arrays are cut short, validly."""
     json_max_object_properties: int = 32
     """A JSON object that admits keys its schema does not list (additionalProperties not false, or
     patternProperties; with --no-json-allow-extra-properties, the default, that is a map-like object), has no
@@ -181,9 +185,8 @@ class GrammarConfig:
     tokens that close what is open (`"`, `]`, `}`) wherever its grammar allows one, so it ends as a valid
     document instead of being cut mid-value; such an answer reports finish_reason `length`
     (runtime/constrained/closing.py). An answer that would have ended by itself inside the window is shortened
-    too. 0: off (the answer is cut at max_tokens, as in vLLM and SGLang). 64: end to end on 120 real schemas at
-    max_tokens 1024 as many valid answers as 128 (108/120, 95 without the window) with fewer of them shortened
-    (10 against 13; bench/results/constrained.md)."""
+    too. An answer whose shortest completion is longer than the window is still cut at max_tokens. 0: off (the
+    answer is cut at max_tokens, as in vLLM and SGLang)."""
 
 
 @dataclass(frozen=True)
@@ -192,12 +195,13 @@ class SpeculativeConfig:
     """Speculative decoding: ngram (prompt lookup: continue the request's last n tokens as they continued
     earlier in its own prompt or output), draft (a smaller model with the same tokenizer,
     --speculative-draft-model-path, proposes the tokens) or none (default). Proposals are verified in one extend
-    per step (the verify steps run eagerly, not through compiled/CUDA-graph decode); greedy output is unchanged
-    and sampled output keeps the target distribution (rejection sampling; the draft model samples its
-    proposals for sampled requests and the rule uses its distribution). A request opts out with the sampling
-    parameter `disable_speculation`. On CPU with int4-kept GGUF weights (--quantization auto) a verify row costs
-    about one decode step per token (torch's int4 kernels loop over rows), so it rarely pays there; with dense
-    weights (--quantization none) it does (bench/results/speculative.md)."""
+    per step (the verify steps run eagerly, not through compiled/CUDA-graph decode). Sampled output keeps the
+    target distribution (rejection sampling; the draft model samples its proposals for sampled requests and the
+    rule uses its distribution). Greedy output equals the non-speculative output when the model computes in
+    float32 with dense weights (--quantization none, float32 dtype); in bfloat16 or with quantized weights a
+    verify row's rounding differs from a decode row's and a near-tie can flip. A request opts out with the
+    sampling parameter `disable_speculation`. With 4-bit weights on CPU a verify row costs about one decode step
+    per token (torch's int4 kernels loop over rows), so use --quantization none with it (docs/speculative.md)."""
     speculative_draft_model_path: str | None = None
     """draft: the draft model (GGUF file or Hugging Face directory, same tokenizer and vocabulary as the model;
     start-up fails otherwise). It runs in the scheduler process with the model's --dtype and --quantization and
@@ -249,7 +253,7 @@ class ServerConfig:
     """Longest stop string in characters."""
     startup_timeout: float = 1200.0
     """Seconds to wait for the child processes to report ready (a first start on CPU includes the inductor
-    compiles of the decode graphs: minutes on 2 cores; later starts hit the compile caches)."""
+    compiles of the decode graphs, which can take minutes; later starts hit the compile caches)."""
     shutdown_timeout: float = 0.0
     """Seconds to let running requests finish on SIGTERM before stopping."""
 

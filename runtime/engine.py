@@ -95,14 +95,20 @@ class Engine:
                  input_ids: list[int] | list[list[int]] | None = None, return_logprob: bool | list[bool] = False,
                  logprob_start_len: int | list[int] | None = None, top_logprobs_num: int | list[int] | None = None,
                  return_text_in_logprobs: bool = False, stream: bool = False,
-                 rid: str | list[str] | None = None) -> Any:
+                 rid: str | list[str] | None = None, priority: int | None = None,
+                 prediction: str | None = None) -> Any:
         """One prompt -> a dict (a list of n dicts when n > 1); a list of prompts -> a flat list in order
-        (prompt-major, then sample). `stream=True` (one prompt) returns an iterator of cumulative chunks."""
+        (prompt-major, then sample). `stream=True` (one prompt) returns an iterator of cumulative chunks.
+        `priority`: with enable_priority_scheduling; `prediction`: the expected output text, the n-gram
+        proposer's draft source (speculative_algorithm="ngram"), as OpenAI's predicted outputs."""
         self._check_alive()
         body = {"text": prompt, "input_ids": input_ids, "sampling_params": sampling_params, "rid": rid,
                 "stream": stream, "return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
-                "top_logprobs_num": top_logprobs_num, "return_text_in_logprobs": return_text_in_logprobs}
+                "top_logprobs_num": top_logprobs_num, "return_text_in_logprobs": return_text_in_logprobs,
+                "priority": priority}
         reqs, is_batch = normalize_generate(body)
+        for r in reqs:
+            r.prediction = prediction
         if stream:
             return self._stream(reqs[0])
         results = self._call(self._collect(reqs))

@@ -57,6 +57,8 @@ class TokenizedGenerateReq(Msg):
     top_logprobs_num: int = 0
     stream: bool = False
     input_text: str | None = None
+    priority: int = 0  # --enable-priority-scheduling only (else always 0)
+    prediction_ids: list[int] | None = None  # predicted output tokens: the n-gram proposer's draft source
 
 
 class TokenizedEmbeddingReq(Msg):
@@ -108,6 +110,7 @@ class ReqTokenOut(Msg):
     stop_trim: str | None = None  # matched stop string to cut from the text tail
     spec_verify_ct: int = 0  # speculative verify steps of this request so far
     spec_accepted_tokens: int = 0  # proposed tokens they accepted
+    spec_draft_tokens: int = 0  # proposed tokens they verified
     # logprobs, aligned with new_ids: (logprob, token id) and per position a top-k list
     output_logprobs: list[tuple[float, int]] | None = None
     output_top_logprobs: list[list[tuple[float, int]]] | None = None
@@ -140,6 +143,7 @@ class ReqTextOut(Msg):
     num_retractions: int = 0
     spec_verify_ct: int = 0
     spec_accepted_tokens: int = 0
+    spec_draft_tokens: int = 0
     output_logprobs: list[tuple[float, int]] | None = None
     output_top_logprobs: list[list[tuple[float, int]]] | None = None
     input_logprobs: list[tuple[float | None, int]] | None = None
@@ -185,6 +189,7 @@ class ModelInfo(msgspec.Struct, frozen=True):
     is_embedding: bool = False  # an encoder served by the embedding scheduler (runtime/scheduler/embedding.py)
     embedding_dim: int = 0  # its embedding width (embedding mode)
     matryoshka_dims: tuple[int, ...] = ()  # widths it may be cut to (embedding mode; empty: only its own)
+    fallbacks: dict[str, str] = {}  # start-up fallbacks of the scheduler process (kernels/fallbacks.py)
 
 
 class ReadyMsg(Msg):

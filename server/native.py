@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
+from kernels import fallbacks
 from runtime.messages import FinishAbort
 from runtime.models.loader import read_model_type
 from runtime.tokenizer.generate_input import GenerateRequest, RequestError, normalize_generate
@@ -141,7 +142,8 @@ async def get_server_info(request: Request) -> Response:
     info.update(served_model_name=state.served_model_name, max_total_num_tokens=internal.get("max_total_num_tokens"),
                 max_req_input_len=tm.context_len - (0 if tm.info.is_embedding else 1), context_length=tm.context_len,
                 is_embedding=tm.info.is_embedding,
-                internal_states=[internal], version=_version())
+                internal_states=[internal], version=_version(),
+                fallbacks={**tm.info.fallbacks, **fallbacks.recorded()})
     return JSON(info)
 
 

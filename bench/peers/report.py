@@ -11,7 +11,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -136,8 +135,8 @@ def main() -> None:
     lines = [
         "# radixgen vs the engines a user would run instead (`make bench-peers`)",
         "",
-        f"Run {doc['started']} -> {doc.get('finished', '?')}, {platform.machine()}, "
-        f"{os.cpu_count()} cores, every system on both cores, one at a time. Command: `{doc['command']}`.",
+        f"Run {doc['started']} -> {doc.get('finished', '?')}, {doc.get('machine', 'machine not recorded')}, "
+        f"every system on every core, one at a time. Command: `{doc['command']}`.",
         f"Rounds: {doc['rounds']} (A B C D per workload, fresh prompts per round); cells are medians over "
         "rounds. Same SmolLM2-135M-Instruct weights everywhere: radixgen and llama-server read the Q4_1 GGUF "
         "(radixgen keeps the 4-bit blocks, with copies in its dtype for calls of 8+ rows; radixgen-dense "

@@ -30,6 +30,9 @@ import workloads as W  # noqa: E402
 from client import Reply, Req  # noqa: E402
 from systems import ROOT, System, default_gguf, make_systems  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(HERE))
+from machine import describe  # noqa: E402
+
 RESULTS = os.path.join(ROOT, "bench", "results", "peers.json")
 ALL = ["single", "prefill1k", "c8", "c32", "rag", "chat", "json"]
 
@@ -211,6 +214,7 @@ def main() -> None:
     systems = make_systems(names, args.base_port, args.gguf or default_gguf())
     doc = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "machine": describe(),
         "rounds": args.rounds,
         "command": " ".join(sys.argv),
         "systems": {},

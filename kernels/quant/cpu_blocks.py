@@ -23,6 +23,7 @@ import functools
 
 import torch
 
+from kernels import fallbacks
 from kernels.cpu import build as cpu_build
 from kernels.cpu import ops as cpu_ops
 from kernels.quant.weights import QuantWeight
@@ -61,13 +62,22 @@ def native_available() -> bool:
     return native_unavailable_reason() == ""
 
 
+def missing_isa() -> str:
+    """The instruction-set flags the native block kernels need and this CPU lacks ("" when it has them all)."""
+    return ", ".join(sorted({"avx2", "fma", "f16c"} - set(cpu_build.cpu_flags().split())))
+
+
 def use_native(k: int, group: int) -> bool:
     """Whether a CPU weight with K inputs and scale groups of `group` is packed in these block layouts."""
     if _kernel == "torch" or k % QK or group % QK:
         return False
     if _kernel == "auto" and "avx512f" in cpu_build.cpu_flags().split():
         return False
-    return native_available()
+    if not native_available():
+        if not missing_isa():  # the CPU has the ISA: the build or load failed, so torch's kernels run instead
+            fallbacks.record("quantization_kernel", f"{native_unavailable_reason()}: torch's int4/int8 kernels")
+        return False
+    return True
 
 
 def _per_block(t: torch.Tensor, k: int) -> torch.Tensor:

@@ -84,6 +84,7 @@ class Detokenizer:
             prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens, num_retractions=out.num_retractions,
             spec_verify_ct=out.spec_verify_ct, spec_accepted_tokens=out.spec_accepted_tokens,
+            spec_draft_tokens=out.spec_draft_tokens,
             output_logprobs=out.output_logprobs, output_top_logprobs=out.output_top_logprobs,
             input_logprobs=out.input_logprobs, input_top_logprobs=out.input_top_logprobs,
         )

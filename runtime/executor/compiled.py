@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm import tqdm
 
+from kernels import fallbacks
 from runtime.executor.cuda_graph import CPU_BUCKETS, DecodeGraphRunner, Forward, capture_buckets
 from runtime.models.attn_op import opaque_attend, register_backend
 
@@ -81,8 +82,8 @@ def build_compiled_decode(model: LlamaForCausalLM, attn: BaseAttnBackend, req_to
     try:
         runner.capture()
     except Exception as e:  # noqa: BLE001 (any compiler failure means: serve eagerly, loudly)
-        log.warning("torch.compile of the decode forward failed, running eagerly (slower): %s: %s",
-                    type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        fallbacks.record("compiled_decode", f"torch.compile of the decode forward failed ({type(e).__name__}: "
+                                            f"{str(e).splitlines()[0] if str(e) else ''}): eager decode (slower)")
         return None
     finally:
         bar.close()

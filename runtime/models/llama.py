@@ -24,7 +24,7 @@ from typing import NamedTuple, cast, overload
 import torch
 from torch import nn
 
-from kernels import quant, ref
+from kernels import fallbacks, quant, ref
 from kernels.api import BaseAttnBackend
 from runtime.executor.forward_batch import ForwardBatch
 from runtime.models.arch import ModelArch
@@ -65,7 +65,8 @@ def elementwise_kernels(device: str | torch.device, dtype: torch.dtype | None = 
 
             ops.load()
         except Exception as e:  # noqa: BLE001 - any toolchain/loader failure: the reference ops, loudly
-            log.warning("native cpu norm/rope kernels unavailable, using torch ops: %s", str(e).splitlines()[0])
+            fallbacks.record("elementwise_kernels", f"native cpu norm/rope kernels unavailable "
+                                                    f"({str(e).splitlines()[0]}): torch ops")
             return REF_ELEMENTWISE
         return Elementwise(ops.rmsnorm, ops.apply_rope, ops.silu_mul)
     return REF_ELEMENTWISE

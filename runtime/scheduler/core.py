@@ -69,7 +69,8 @@ class SpecState:
     `draft_ids`: this step's proposed tokens (empty outside a verify step); `draft_q`: the distributions they
     were drawn from (float32 [len(draft_ids), V]; None: a deterministic proposal, one-hot); `draft_bitmask`: the
     grammar's allowed-token bitmask per verify position (int32 [len(draft_ids) + 1, W]; None: unconstrained);
-    `prompt`: the n-gram proposer's cached prompt array. Adaptive pause (`pause_after_verify`): `accept_avg` is
+    `prompt`: the n-gram proposer's cached prompt array; `prediction`: the request's predicted output (int64, the
+    n-gram proposer's first source; None without one) and `prediction_pos` its cursor there. Adaptive pause (`pause_after_verify`): `accept_avg` is
     the moving average of drafts accepted per verify step (meaningful once verify_ct > 0), `pause` the decode
     steps left in which it proposes nothing, `pause_len` its latest pause (0: none since the average recovered).
     """
@@ -78,8 +79,11 @@ class SpecState:
     draft_q: torch.Tensor | None = None
     draft_bitmask: torch.Tensor | None = None
     prompt: np.ndarray | None = None
+    prediction: np.ndarray | None = None
+    prediction_pos: int = 0
     verify_ct: int = 0
     accepted: int = 0  # drafts accepted over all verify steps
+    drafted: int = 0  # drafts verified over all verify steps
     accept_avg: float = 0.0
     pause: int = 0
     pause_len: int = 0
@@ -90,9 +94,10 @@ class Req:
 
     def __init__(
         self, rid: str, input_ids: list[int], params: SamplingParams, *, arrival: int = 0,
-        return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
+        return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0, priority: int = 0,
     ) -> None:
         self.rid = rid
+        self.priority = priority  # --enable-priority-scheduling (runtime/scheduler/policy.py)
         self.origin_input_ids = list(input_ids)
         self.sampling_params = params
         self.arrival = arrival  # arrival order, kept across retraction (fcfs and tie-breaks)

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from kernels import fallbacks
 from runtime.config import Config
 from runtime.messages import (
     AbortReq,
@@ -128,5 +129,6 @@ def create_embedding_scheduler(cfg: Config) -> tuple[EmbeddingScheduler, ModelIn
 
     runner = EmbeddingRunner(cfg)
     info = ModelInfo(runner.context_len, runner.vocab_size, cfg.scheduler.max_prefill_tokens, is_embedding=True,
-                     embedding_dim=runner.dim, matryoshka_dims=runner.pooling.matryoshka_dims)
+                     embedding_dim=runner.dim, matryoshka_dims=runner.pooling.matryoshka_dims,
+                     fallbacks=fallbacks.recorded())
     return EmbeddingScheduler(runner, cfg), info

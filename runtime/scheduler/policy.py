@@ -6,6 +6,11 @@
 - `dfs-weight`: walk the radix tree depth-first, heavier subtrees (more waiting requests below) first, so
   requests sharing a prefix run together while it is cached.
 Without the radix cache every policy is fcfs.
+
+Priority (--enable-priority-scheduling): the policy's order is then stably sorted by `rank`, so a higher
+priority always comes first and the policy orders requests of one priority. `preemption_victims` lists the
+running requests a waiting one may retract: only those ranked lower by more than the threshold, lowest
+priority first, then the fewest output tokens (the least work lost).
 """
 
 from __future__ import annotations
@@ -17,8 +22,29 @@ LPM_FALLBACK = 128
 POLICIES = ("fcfs", "lpm", "dfs-weight")
 
 
-def order_waiting(policy: str, waiting: list[Req], tree: RadixCache | None) -> list[Req]:
-    """Return `waiting` in the order admission should try them (a new list; the input is not changed)."""
+def rank(req: Req, low_first: bool) -> int:
+    """Sort key of a request's priority: smaller ranks run first."""
+    return req.priority if low_first else -req.priority
+
+
+def order_waiting(policy: str, waiting: list[Req], tree: RadixCache | None,
+                  priority_low_first: bool | None = None) -> list[Req]:
+    """Return `waiting` in the order admission should try them (a new list; the input is not changed).
+    `priority_low_first`: None without priority scheduling, else whether smaller priority values go first."""
+    ordered = _order(policy, waiting, tree)
+    if priority_low_first is None:
+        return ordered
+    return sorted(ordered, key=lambda r: rank(r, priority_low_first))
+
+
+def preemption_victims(head: Req, running: list[Req], threshold: int, low_first: bool) -> list[Req]:
+    """Running requests `head` may retract, in retraction order (see the module docstring)."""
+    top = rank(head, low_first)
+    victims = [r for r in running if rank(r, low_first) - top > threshold]
+    return sorted(victims, key=lambda r: (-rank(r, low_first), len(r.output_ids), -r.arrival))
+
+
+def _order(policy: str, waiting: list[Req], tree: RadixCache | None) -> list[Req]:
     if policy not in POLICIES:
         raise ValueError(f"unknown schedule policy {policy!r}")
     by_arrival = sorted(waiting, key=lambda r: r.arrival)

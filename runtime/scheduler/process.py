@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import zmq
 
+from kernels import fallbacks
 from runtime.child import start_child
 from runtime.config import Config
 from runtime.ipc import Endpoints, Receiver, Sender
@@ -119,7 +120,8 @@ def create_scheduler(cfg: Config) -> tuple[Scheduler | EmbeddingScheduler, Model
                       # Forced grammar text is plain text: control-token spellings stay characters.
                       encode_fn=lambda text: tok.encode(text, add_special_tokens=False, allow_special=False),
                       token_bytes_fn=tok.token_bytes, draft_runner=draft)
-    return sched, ModelInfo(runner.context_len, runner.vocab_size, runner.pool.num_slots)
+    return sched, ModelInfo(runner.context_len, runner.vocab_size, runner.pool.num_slots,
+                            fallbacks=fallbacks.recorded())
 
 
 def _grammar_backend(cfg: Config, tok: Tokenizer) -> BaseGrammarBackend | None:

@@ -23,7 +23,7 @@ import torch
 
 from runtime.config import SpeculativeConfig
 from runtime.scheduler.core import Req
-from runtime.speculative import propose_ngram
+from runtime.speculative import propose_from_source, propose_ngram
 
 
 class Proposal(NamedTuple):
@@ -49,7 +49,9 @@ class Proposer(Protocol):
 
 class NgramProposer:
     """Prompt lookup (runtime/speculative/ngram.py) over the request's own prompt + output; stateless but for
-    the prompt's array, cached on the request."""
+    the prompt's array, cached on the request. A request with a predicted output (`SpecState.prediction`) looks its
+    suffix up there first (its cursor `SpecState.prediction_pos` advancing with each proposal), and in its own tokens
+    only when the prediction has no match."""
 
     def __init__(self, cfg: SpeculativeConfig) -> None:
         self.min_n = cfg.speculative_ngram_min_match_window_size
@@ -61,7 +63,11 @@ class NgramProposer:
             if req.spec.prompt is None:
                 req.spec.prompt = np.asarray(req.origin_input_ids, dtype=np.int64)
             tokens = np.concatenate([req.spec.prompt, np.asarray(req.output_ids, dtype=np.int64)])
-            out.append(Proposal(propose_ngram(tokens, k, self.min_n, self.max_n)))
+            guess: list[int] = []
+            if req.spec.prediction is not None:
+                guess, req.spec.prediction_pos = propose_from_source(req.spec.prediction, tokens, k, self.min_n,
+                                                                     self.max_n, req.spec.prediction_pos)
+            out.append(Proposal(guess or propose_ngram(tokens, k, self.min_n, self.max_n)))
         return out
 
     def settle(self, req: Req) -> None:

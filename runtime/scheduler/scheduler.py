@@ -25,6 +25,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from runtime.config import Config, resolve
@@ -49,8 +50,8 @@ from runtime.scheduler.core import Batch, Req
 from runtime.scheduler.decode import DecodePlan, plan_decode, retract_ratio
 from runtime.scheduler.draft import DraftRunner
 from runtime.scheduler.output import ResultProcessor
-from runtime.scheduler.policy import order_waiting
-from runtime.scheduler.prefill import PrefillAdder, PrefillPlan
+from runtime.scheduler.policy import order_waiting, preemption_victims
+from runtime.scheduler.prefill import PrefillAdder, PrefillPlan, reservation
 from runtime.scheduler.speculative import create_speculator, speculation_on
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,9 @@ class Scheduler:
         self.processor = ResultProcessor(self.kv, runner.vocab_size, frozenset(eos_ids), cfg, decode_fn,
                                          encode_fn, token_bytes_fn, self.spec)
         self.policy = cfg.scheduler.schedule_policy
+        # None: priority scheduling off; else whether smaller priority values run first
+        self.low_first = (cfg.scheduler.schedule_low_priority_values_first
+                          if cfg.scheduler.enable_priority_scheduling else None)
         self.mixed = not cfg.scheduler.disable_mixed_steps
         self.grammar_queue: list[Req] = []
         self.waiting: list[Req] = []
@@ -106,7 +110,8 @@ class Scheduler:
         self.new_token_ratio = self.init_ratio
         self.stats = {"num_retracted_reqs": 0, "prompt_tokens": 0, "cached_tokens": 0, "forward_steps": 0,
                       "prefill_tokens": 0, "decode_tokens": 0, "jump_forward_steps": 0, "jump_forward_tokens": 0,
-                      "mixed_steps": 0, "stall_steps": 0, **{f"stall_steps_{r}": 0 for r in STALL_REASONS}}
+                      "mixed_steps": 0, "stall_steps": 0, "num_preempted_reqs": 0,
+                      **{f"stall_steps_{r}": 0 for r in STALL_REASONS}}
         self._retracted_now: list[Req] = []
         self._expect: list[tuple[Req, int]] = []
         self.last_forward: tuple[bool, float] | None = None  # set by forward(), read and cleared by the loop
@@ -127,7 +132,10 @@ class Scheduler:
         p = msg.sampling_params
         self._arrivals += 1
         req = Req(msg.rid, msg.input_ids, p, arrival=self._arrivals, return_logprob=msg.return_logprob,
-                  logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num)
+                  logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num,
+                  priority=msg.priority if self.low_first is not None else 0)
+        if msg.prediction_ids:
+            req.spec.prediction = np.asarray(msg.prediction_ids, dtype=np.int64)
         if p.sampling_seed is None:  # batch-independent default seed, distinct per rid (n > 1 copies differ)
             req.seed = mix_seed(self.cfg.model.random_seed, zlib.crc32(msg.rid.encode()))
         if not msg.input_ids:
@@ -214,7 +222,9 @@ class Scheduler:
         return bool(self.grammar_queue or self.waiting or self.running or self.chunked is not None)
 
     def _schedule(self) -> Batch | None:
-        ordered = order_waiting(self.policy, self.waiting, self.kv.tree)
+        ordered = order_waiting(self.policy, self.waiting, self.kv.tree, self.low_first)
+        if self.low_first is not None and ordered and self.chunked is None:
+            self._preempt(ordered[0])
         if self.mixed:
             dplan = self._plan_decode()
             # After a retraction admit nothing this step: the freed room is for the survivors.
@@ -252,7 +262,7 @@ class Scheduler:
             return NO_DECODE
         dplan = plan_decode(self.kv, self.running, others_hold_slots=self.chunked is not None)
         if dplan.retracted:
-            self._retracted_now = dplan.retracted
+            self._retracted_now.extend(dplan.retracted)
             self.waiting.extend(dplan.retracted)
             self.stats["num_retracted_reqs"] += len(dplan.retracted)
             self.new_token_ratio = max(self.new_token_ratio, retract_ratio(self.running))
@@ -263,6 +273,31 @@ class Scheduler:
         for req, why in dplan.aborted:
             self._finish_abort(req, why)
         return self.spec.attach(dplan) if self.spec is not None else dplan
+
+    def _preempt(self, head: Req) -> None:
+        """Priority scheduling: retract running requests ranked below `head` by more than the threshold
+        (policy.preemption_victims order) until `head` would fit this step; none when it fits already, or when
+        even all of them would not make room."""
+        def fits() -> bool:
+            reserved = sum(reservation(r, self.new_token_ratio) for r in self.running) + len(self.running)
+            need = head.fill_len - self.kv.peek_match(head) + reservation(head, self.new_token_ratio)
+            return (len(self.running) < self.cfg.scheduler.max_running_requests
+                    and self.kv.table.available() > 0 and need <= self.kv.available() - reserved)
+
+        if fits() or head.fill_len + 1 > self.kv.total:
+            return
+        sched = self.cfg.scheduler
+        for req in preemption_victims(head, self.running, sched.priority_scheduling_preemption_threshold,
+                                      bool(self.low_first)):
+            self.running.remove(req)
+            self.kv.release(req)
+            req.num_retractions += 1
+            self.waiting.append(req)
+            self._retracted_now.append(req)
+            self.stats["num_retracted_reqs"] += 1
+            self.stats["num_preempted_reqs"] += 1
+            if fits():
+                break
 
     def _after_sample(self, req: Req, was_running: bool) -> None:
         if req.finished:
@@ -346,6 +381,7 @@ class Scheduler:
             num_retractions=req.num_retractions, skip_special_tokens=p.skip_special_tokens,
             spaces_between_special_tokens=p.spaces_between_special_tokens, no_stop_trim=p.no_stop_trim,
             stop_trim=req.stop_trim, spec_verify_ct=req.spec.verify_ct, spec_accepted_tokens=req.spec.accepted,
+            spec_draft_tokens=req.spec.drafted,
         )
         if req.logprobs.wanted:
             out.output_logprobs, req.logprobs.out = req.logprobs.out, []
@@ -386,6 +422,7 @@ class Scheduler:
             "kv_locked_slots": self.kv.locked_size(),
             "cache_hit_rate": s["cached_tokens"] / s["prompt_tokens"] if s["prompt_tokens"] else 0.0,
             "num_retracted_reqs": s["num_retracted_reqs"],
+            "num_preempted_reqs": s["num_preempted_reqs"],
             "new_token_ratio": self.new_token_ratio,
             "schedule_policy": self.policy,
             "radix_cache": self.kv.tree is not None,

@@ -249,6 +249,7 @@ class Speculator:
         accepted = min(n, len(toks) - 1)
         req.spec.verify_ct += 1
         req.spec.accepted += accepted
+        req.spec.drafted += k
         s = self.stats
         s["spec_pauses"] += pause_after_verify(req, accepted, self.min_accept, self.pause_steps)
         s["spec_verify_ct"] += 1

@@ -6,7 +6,7 @@ drafts freed) lives in runtime/scheduler/speculative.py; this package holds the 
 
 from __future__ import annotations
 
-from runtime.speculative.ngram import propose_ngram
+from runtime.speculative.ngram import propose_from_source, propose_ngram
 from runtime.speculative.verify import (
     accept_greedy,
     accept_sampled,
@@ -15,4 +15,4 @@ from runtime.speculative.verify import (
     spec_uniforms,
 )
 
-__all__ = ["accept_greedy", "accept_sampled", "draft_uniform", "inverse_cdf", "propose_ngram", "spec_uniforms"]
+__all__ = ["accept_greedy", "accept_sampled", "draft_uniform", "inverse_cdf", "propose_from_source", "propose_ngram", "spec_uniforms"]

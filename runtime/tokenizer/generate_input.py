@@ -4,9 +4,9 @@
 Shapes accepted (SGLang's GenerateReqInput): `text` str | list[str], or `input_ids` list[int] |
 list[list[int]]; `sampling_params` dict | list[dict] | null; `rid` str | list[str]; `stream` bool;
 `return_logprob`, `logprob_start_len`, `top_logprobs_num` a scalar or one per prompt;
-`return_text_in_logprobs` bool. `null` anywhere means the default. Unknown keys are ignored (SGLang clients
-send many optional fields), but the keys that change a request's meaning (`image_data`, `lora_path`,
-`return_hidden_states`, `custom_logit_processor`) are a 400 naming the key until supported.
+`return_text_in_logprobs` bool; `priority` an integer (with --enable-priority-scheduling). `null` anywhere means
+the default. Top-level keys are the three lists below (GENERATE_KEYS served, GENERATE_INFORMATIONAL accepted,
+UNSUPPORTED_GENERATE_KEYS only when not asked for); any other key is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ class GenerateRequest:
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     openai: OpenAINames | None = None
+    priority: int | None = None  # --enable-priority-scheduling: larger runs first (runtime/scheduler/policy.py)
+    prediction: str | None = None  # OpenAI predicted output: the n-gram proposer's draft source
 
 
 def is_int(x: Any) -> bool:
@@ -134,18 +136,31 @@ def _prompts(body: dict) -> tuple[list[str | None], list[list[int] | None], bool
     raise RequestError("either text or input_ids is required", "text", "missing_required_parameter")
 
 
+# The /generate keys radixgen serves (SGLang's GenerateReqInput names).
+GENERATE_KEYS = frozenset({"text", "input_ids", "sampling_params", "rid", "stream", "return_logprob",
+                           "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "priority"})
+# SGLang fields that only label or log a request (sglang-router fills them in on every /generate): accepted.
+GENERATE_INFORMATIONAL = frozenset({"model", "log_metrics", "no_logs"})
 # SGLang /generate keys that change what a request means and that radixgen does not serve: refused (400 naming
 # the key) rather than dropped, so no client gets a text-only, base-model, logits-unprocessed answer unawares.
-# null / false / "" mean "not asked" and pass.
+# null / false / "" / [] mean "not asked" and pass (sglang-router sends several of them as false).
 UNSUPPORTED_GENERATE_KEYS = {
     "image_data": "image inputs are not supported (text-only models)",
     "lora_path": "LoRA adapters are not supported",
     "return_hidden_states": "returning hidden states is not supported",
     "custom_logit_processor": "custom logit processors are not supported",
+    "background": "background requests are not supported",
+    "return_bytes": "returning output bytes is not supported",
+    "return_entropy": "returning entropies is not supported",
 }
 
 
 def refuse_unsupported(body: dict) -> None:
+    unknown = sorted(k for k in body if k not in GENERATE_KEYS and k not in GENERATE_INFORMATIONAL
+                     and k not in UNSUPPORTED_GENERATE_KEYS)
+    if unknown:
+        raise RequestError(f"unsupported parameter(s): {', '.join(unknown)}"[:300], unknown[0],
+                           "unsupported_parameter")
     for key, why in UNSUPPORTED_GENERATE_KEYS.items():
         value = body.get(key)
         if value is not None and value is not False and value != "" and value != []:
@@ -183,5 +198,8 @@ def normalize_generate(body: Any) -> tuple[list[GenerateRequest], bool]:
     start = _per_item(body, "logprob_start_len", n, -1, is_int)
     top = _per_item(body, "top_logprobs_num", n, 0, is_int)
     text_lp = _bool(body, "return_text_in_logprobs")
-    return [GenerateRequest(texts[i], ids[i], sps[i], rids[i], stream, ret_lp[i], start[i], top[i], text_lp)
-            for i in range(n)], is_batch
+    priority = body.get("priority")
+    if priority is not None and not is_int(priority):
+        raise RequestError("priority must be an integer", "priority", "invalid_type")
+    return [GenerateRequest(texts[i], ids[i], sps[i], rids[i], stream, ret_lp[i], start[i], top[i], text_lp,
+                            priority=priority) for i in range(n)], is_batch

@@ -14,6 +14,7 @@ from typing import Any
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 
+from kernels import fallbacks
 from runtime.tokenizer.tokenizer import Tokenizer, TokenizerInfo, _with_bos_eos
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
 def _byte_level_pre_tokenizer(pre: str | None) -> tuple[pre_tokenizers.PreTokenizer, normalizers.Normalizer | None]:
     spec = _PRE_TOKENIZERS.get(pre or "gpt2")
     if spec is None:
-        logger.warning("unknown tokenizer.ggml.pre %r: using the GPT-2 split", pre)
+        fallbacks.record("tokenizer_pre", f"unknown tokenizer.ggml.pre {pre!r}: the GPT-2 split")
         spec = _PRE_TOKENIZERS["gpt2"]
     split, digits, nfc = spec
     steps: list[pre_tokenizers.PreTokenizer] = []

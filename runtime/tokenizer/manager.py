@@ -94,7 +94,7 @@ class ReqState:
         self.output_ids: list[int] = []
         self.counts = {"prompt_tokens": prompt_len, "completion_tokens": 0, "cached_tokens": 0}
         self.num_retractions = 0
-        self.spec = (0, 0)  # (speculative verify steps, accepted proposed tokens)
+        self.spec = (0, 0, 0)  # speculative verify steps, proposed tokens accepted, proposed tokens verified
         self.finish_reason: FinishReason | None = None
         self.finished = False
         self.queued = False  # in `sink` already (several updates coalesce into one wake-up)
@@ -211,6 +211,7 @@ class TokenizerManager:
             raise RequestError("this server serves an embedding model (--is-embedding): it does not generate; "
                                "use /v1/embeddings or /encode", None, "model_not_generative")
         prepared = [(req, *self._validate(req)) for req in reqs]
+        extras = [self._extras(req) for req in reqs]
         rids_of: list[list[str]] = []
         for req, sp, _ in prepared:
             base = req.rid or uuid.uuid4().hex
@@ -222,10 +223,28 @@ class TokenizerManager:
         if len(self._states) + total > self.max_outstanding:
             raise RequestError("the server is overloaded: waiting queue full, retry later", None,
                                "server_overloaded", 503, "server_error", {"Retry-After": "1"})
-        return [self._send_one(req, sp, ids, rids) for (req, sp, ids), rids in zip(prepared, rids_of, strict=True)]
+        return [self._send_one(req, sp, ids, rids, ex)
+                for (req, sp, ids), rids, ex in zip(prepared, rids_of, extras, strict=True)]
+
+    def _extras(self, req: GenerateRequest) -> tuple[int, list[int] | None]:
+        """(priority, prediction token ids) after checking the server can honour them."""
+        sched, spec = self.cfg.scheduler, self.cfg.speculative
+        if req.priority is not None and not sched.enable_priority_scheduling:
+            raise RequestError("'priority': priority scheduling is off (start the server with "
+                               "--enable-priority-scheduling)", "priority", "unsupported_parameter")
+        pred = None
+        if req.prediction is not None:
+            if (spec.speculative_algorithm or "none").lower() != "ngram":
+                raise RequestError("'prediction': predicted outputs feed n-gram speculation (start the server with "
+                                   "--speculative-algorithm ngram)", "prediction", "unsupported_parameter")
+            if len(req.prediction) > 32 * self.context_len:
+                raise RequestError(f"'prediction' is far longer than the context ({self.context_len} tokens)",
+                                   "prediction", "context_length_exceeded")
+            pred = self.tokenizer.encode(req.prediction, add_special_tokens=False) or None
+        return req.priority or 0, pred
 
     def _send_one(self, req: GenerateRequest, sp: SamplingParams, input_ids: list[int],
-                  rids: list[str]) -> RequestHandle:
+                  rids: list[str], extras: tuple[int, list[int] | None] = (0, None)) -> RequestHandle:
         sink: asyncio.Queue[ReqState] = asyncio.Queue()
         states = []
         for i, rid in enumerate(rids):
@@ -238,7 +257,7 @@ class TokenizerManager:
                 rid=rid, input_ids=input_ids, sampling_params=sp_i, return_logprob=req.return_logprob,
                 logprob_start_len=req.logprob_start_len if req.return_logprob else -1,
                 top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,
-                stream=req.stream, input_text=req.text))
+                stream=req.stream, input_text=req.text, priority=extras[0], prediction_ids=extras[1]))
         return RequestHandle(self, states, sink)
 
     def _validate(self, req: GenerateRequest) -> tuple[SamplingParams, list[int]]:
@@ -284,10 +303,11 @@ class TokenizerManager:
         """A native /generate result for `st` (cumulative text), plus `index`."""
         meta: dict[str, Any] = {"id": st.rid, "finish_reason": st.finish_reason, **st.counts,
                                 "num_retractions": st.num_retractions}
-        verify, accepted = st.spec
-        if verify:  # speculative decoding ran: steps and mean tokens per verify step (accepted drafts + 1)
+        verify, accepted, drafted = st.spec
+        if verify:  # speculative decoding ran: steps, mean tokens per verify step (accepted drafts + 1), drafts
             meta["spec_verify_ct"] = verify
             meta["spec_accept_length"] = (accepted + verify) / verify
+            meta["spec_draft_tokens"], meta["spec_accepted_tokens"] = drafted, accepted
         if st.finished:
             meta["e2e_latency"] = time.monotonic() - st.created
         if st.req.return_logprob:
@@ -385,7 +405,7 @@ class TokenizerManager:
         st.counts["completion_tokens"] = out.completion_tokens or len(st.output_ids)
         st.counts["cached_tokens"] = out.cached_tokens
         st.num_retractions = out.num_retractions
-        st.spec = (out.spec_verify_ct, out.spec_accepted_tokens)
+        st.spec = (out.spec_verify_ct, out.spec_accepted_tokens, out.spec_draft_tokens)
         if out.output_logprobs:
             st.out_lp.extend(out.output_logprobs)
             st.out_top.extend(out.output_top_logprobs or [None] * len(out.output_logprobs))

@@ -1,6 +1,6 @@
 """POST /v1/chat/completions.
 
-Data flow: strict JSON body -> `Body` (unknown fields logged) -> model check (404) -> messages validated
+Data flow: strict JSON body -> `Body` (an unknown field is a 400 naming it) -> model check (404) -> messages validated
 and normalized (developer -> system, text parts joined) -> tools planned (server/openai/tools.py) -> the
 chat template (the model's, or `--chat-template`) rendered and tokenized by `Tokenizer.encode_chat`, so
 control tokens come only from the template -> sampling params (+ a JSON-schema constraint for
@@ -38,6 +38,7 @@ KNOWN = frozenset({
     "repetition_penalty", "regex", "ebnf", "chat_template_kwargs", "continue_final_message",
     "add_generation_prompt", "stop_token_ids", "ignore_eos", "skip_special_tokens",
     "spaces_between_special_tokens", "no_stop_trim", "functions", "function_call", "parallel_tool_calls",
+    "priority", "prediction", "rid", "store",
 })
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool",
          "function": "tool"}
@@ -214,20 +215,27 @@ async def chat_completions(request: Request) -> Response:
                                f"combined with '{cons_param}'", "tool_choice", "invalid_value")
         cons, cons_param = {"json_schema": json.dumps(plan.schema(), separators=(",", ":"))}, "tools"
     parallel = body.boolean("parallel_tool_calls", True)
+    if body.boolean("store"):
+        raise RequestError("'store': chat completions are not stored (the Responses API stores responses)",
+                           "store", "unsupported_parameter")
+    rid = body.string("rid")
     ids = tokenize_chat(body, state, tm, messages, plan)
     sp.update(cons, n=n)
     if max_new is not None:
         sp["max_new_tokens"] = max_new
+    predicted = P.prediction(body)
     cid = C.new_id("chatcmpl")
     names = OpenAINames(prompt="messages", max_tokens=max_key, constraint=cons_param)
-    handle = tm.submit(GenerateRequest(input_ids=ids, sampling_params=sp, rid=cid, stream=stream,
-                                       return_logprob=want_lp, top_logprobs_num=top, openai=names))
+    handle = tm.submit(GenerateRequest(input_ids=ids, sampling_params=sp, rid=rid or cid, stream=stream,
+                                       return_logprob=want_lp, top_logprobs_num=top, openai=names,
+                                       priority=P.priority(body), prediction=predicted))
     fmt = LogprobFormatter(tm) if want_lp else None
     base = {"id": cid, "object": "chat.completion.chunk", "created": C.now(), "model": model,
             "system_fingerprint": None}
     if stream:
         def usage_of(metas: list[dict[str, Any]]) -> dict[str, Any]:
-            return C.usage(state, [[{"meta_info": m} for m in metas if m]])
+            u = C.usage(state, [[{"meta_info": m} for m in metas if m]])
+            return u if predicted is None else C.with_prediction(u, [m for m in metas if m])
 
         return sse_response(ChatStream(handle, base, n, plan, fmt, top, include_usage, usage_of,
                                        parallel).events())
@@ -237,7 +245,10 @@ async def chat_completions(request: Request) -> Response:
         return Response(status_code=499)
     C.raise_for_aborts(per_prompt)
     choices = [_choice(r, plan, fmt, top, parallel) for r in per_prompt[0]]
-    return JSON({**base, "object": "chat.completion", "choices": choices, "usage": C.usage(state, per_prompt)})
+    usage = C.usage(state, per_prompt)
+    if predicted is not None:
+        usage = C.with_prediction(usage, [r["meta_info"] for r in per_prompt[0]])
+    return JSON({**base, "object": "chat.completion", "choices": choices, "usage": usage})
 
 
 def _choice(r: dict[str, Any], plan: T.ToolPlan, fmt: LogprobFormatter | None, top: int,

@@ -127,6 +127,15 @@ def usage(state: ServerState, per_prompt: list[list[dict[str, Any]]]) -> dict[st
     return usage_dict(state, prompt, completion, cached)
 
 
+def with_prediction(usage: dict[str, Any], metas: list[dict[str, Any]]) -> dict[str, Any]:
+    """OpenAI's completion_tokens_details for a request with a `prediction`: the proposed tokens the model
+    accepted and those it rejected (proposals come from the prediction, else from the request's own text)."""
+    acc = sum(m.get("spec_accepted_tokens", 0) for m in metas)
+    drafted = sum(m.get("spec_draft_tokens", 0) for m in metas)
+    return {**usage, "completion_tokens_details": {"accepted_prediction_tokens": acc,
+                                                   "rejected_prediction_tokens": drafted - acc}}
+
+
 def usage_dict(state: ServerState, prompt: int, completion: int, cached: int) -> dict[str, Any]:
     out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
                            "total_tokens": prompt + completion}

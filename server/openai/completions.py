@@ -33,6 +33,7 @@ KNOWN = frozenset({
     "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix", "temperature", "top_p", "top_k",
     "min_p", "min_tokens", "repetition_penalty", "regex", "ebnf", "json_schema", "response_format",
     "stop_token_ids", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+    "priority",
 })
 DEFAULT_MAX_TOKENS = 16
 
@@ -118,7 +119,7 @@ async def completions(request: Request) -> Response:
                             default_max_tokens=DEFAULT_MAX_TOKENS)
         reqs.append(GenerateRequest(input_ids=ids, sampling_params=sp, rid=f"{cid}-{i}", stream=stream,
                                     return_logprob=k is not None, logprob_start_len=0 if echo and k is not None
-                                    else -1, top_logprobs_num=k or 0, openai=names))
+                                    else -1, top_logprobs_num=k or 0, openai=names, priority=P.priority(body)))
     handles = tm.submit_many(reqs)
     fmt = LogprobFormatter(tm) if k is not None else None
     echoes = [(text if text is not None else tm.tokenizer.decode(ids, skip_special_tokens=False)) if echo else "" for ids, text in prompts]

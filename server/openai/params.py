@@ -4,13 +4,14 @@ parameters onto radixgen's sampling params.
 Every failure is a `RequestError` (400) naming the parameter as a JSON path (`param`) with OpenAI's codes:
 `invalid_type`, `missing_required_parameter`, `empty_array`, `integer_below_min_value`,
 `integer_above_max_value`, `decimal_below_min_value`, `decimal_above_max_value`, `invalid_value`.
-`null` always means "the default". Unknown top-level fields are accepted and logged once per request.
+`null` always means "the default". Top-level fields: each route lists what it serves (its `KNOWN`); besides those,
+`INFORMATIONAL` and `SGLANG_ACCEPTED` below are accepted, `ONLY_AT` fields pass only at the values listed, and
+anything else is a 400 `unsupported_parameter` naming the field (docs/protocol.md lists all of them).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import re
 from typing import Any
@@ -21,10 +22,7 @@ from runtime.config import ServerConfig
 from runtime.constrained.json_rules import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, nesting_depth
 from runtime.tokenizer.generate_input import RequestError, is_int
 
-logger = logging.getLogger(__name__)
-
 INT64_MAX = 2**63 - 1
-# Accepted and ignored (clients such as LangChain and litellm send them).
 # response_format json_object: any JSON object whose values are scalars, arrays of scalars or objects of
 # scalars. The unrestricted `{"type": "object"}` compiles to a ~6k-character regex whose index takes ~10 s
 # on SmolLM2's vocabulary (past the 5 s compile limit); this one takes under a second.
@@ -32,23 +30,36 @@ _SCALAR = {"type": ["string", "number", "boolean", "null"]}
 JSON_OBJECT_SCHEMA = json.dumps({"type": "object", "additionalProperties": {"anyOf": [
     _SCALAR, {"type": "array", "items": _SCALAR}, {"type": "object", "additionalProperties": _SCALAR}]}},
     separators=(",", ":"))
-IGNORED = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort",
-                     "modalities", "audio", "prediction", "web_search_options", "safety_identifier", "prompt_cache_key",
-                     "verbosity", "separate_reasoning", "stream_reasoning", "rid"})
+
+# Informational by OpenAI's own definition (they label or route a request, never change its output): accepted.
+INFORMATIONAL = frozenset({"user", "metadata", "safety_identifier", "prompt_cache_key"})
+# SGLang's own request fields that sglang-router fills in on every chat request (true by default); they act
+# only under a reasoning parser, which radixgen does not have, so either value answers the same.
+SGLANG_ACCEPTED = frozenset({"separate_reasoning", "stream_reasoning"})
+# Fields accepted only at the values radixgen serves (null always passes): field -> (values, what else means).
+ONLY_AT: dict[str, tuple[tuple[Any, ...], str]] = {
+    "modalities": ((["text"],), "only [\"text\"] is supported"),
+    "audio": ((), "audio output is not supported"),
+    "web_search_options": ((), "web search is not supported"),
+    "service_tier": (("auto", "default", "standard_only"), "only the standard tier exists (auto, default, standard_only)"),
+    "reasoning_effort": ((), "this model has no reasoning mode"),
+    "verbosity": (("medium",), "only 'medium' is supported"),
+    "return_hidden_states": ((False,), "returning hidden states is not supported"),
+}
+ACCEPTED = INFORMATIONAL | SGLANG_ACCEPTED | frozenset(ONLY_AT)
 
 
-def refuse_unsupported(data: dict[str, Any]) -> None:
-    """A 400 naming each accepted-but-unserved OpenAI parameter that asks for something (null passes): audio
-    output, web search, and any modality but text."""
-    modalities = data.get("modalities")
-    if modalities is not None and modalities != ["text"]:
-        raise RequestError(f"'modalities': only [\"text\"] is supported, got {modalities!r}"[:200], "modalities",
+def refuse_unsupported(data: dict[str, Any], known: frozenset[str] = ACCEPTED) -> None:
+    """A 400 naming the first field that is neither in `known` nor accepted here, or an `ONLY_AT` field asking for
+    what radixgen does not serve (audio output, web search, a modality but text, another service tier, ...)."""
+    unknown = sorted(k for k in data if k not in known and k not in ACCEPTED)
+    if unknown:
+        raise RequestError(f"unsupported parameter(s): {', '.join(unknown)}"[:300], unknown[0],
                            "unsupported_parameter")
-    if data.get("audio") is not None:
-        raise RequestError("'audio': audio output is not supported", "audio", "unsupported_parameter")
-    if data.get("web_search_options") is not None:
-        raise RequestError("'web_search_options': web search is not supported", "web_search_options",
-                           "unsupported_parameter")
+    for key, (values, why) in ONLY_AT.items():
+        v = data.get(key)
+        if v is not None and not any(type(v) is type(ok) and v == ok for ok in values):
+            raise RequestError(f"'{key}': {why}, got {v!r}"[:300], key, "unsupported_parameter")
 
 
 def _is_num(x: Any) -> bool:
@@ -68,10 +79,7 @@ class Body:
             raise RequestError(f"the request body must be a JSON object, got {_type_name(data)}", None,
                                "invalid_type")
         self.data = data
-        refuse_unsupported(data)
-        unknown = sorted(k for k in data if k not in known and k not in IGNORED)
-        if unknown:
-            logger.warning("ignoring unknown request fields: %s", ", ".join(unknown[:20]))
+        refuse_unsupported(data, known)
 
     def raw(self, key: str) -> Any:
         return self.data.get(key)
@@ -196,6 +204,29 @@ def logit_bias(v: Any, vocab_size: int) -> dict[str, float] | None:
                                "logit_bias", "invalid_value")
         out[str(int(key))] = float(bias)
     return out
+
+
+def priority(body: Body) -> int | None:
+    """`priority` (an integer; larger runs first unless the server says otherwise; docs/protocol.md)."""
+    return body.integer("priority", -INT64_MAX, INT64_MAX)
+
+
+def prediction(body: Body) -> str | None:
+    """The text of OpenAI's `prediction` ({"type": "content", "content": a string or text parts})."""
+    v = body.raw("prediction")
+    if v is None:
+        return None
+    if not isinstance(v, dict) or v.get("type") != "content":
+        raise RequestError("'prediction' must be {\"type\": \"content\", \"content\": ...}", "prediction",
+                           "invalid_value")
+    content = v.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise RequestError("'prediction.content' must be a string or a list of text parts", "prediction.content",
+                       "invalid_type")
 
 
 def max_tokens(body: Body, keys: tuple[str, ...]) -> tuple[int | None, str]:

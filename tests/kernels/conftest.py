@@ -24,13 +24,15 @@ def device() -> str:
 @pytest.fixture
 def bf16_gemm(request):
     """Forces the bf16 key-block kernel named by the (indirect) parameter for one test; skips where the CPU
-    lacks it; back to auto afterwards."""
+    lacks its instructions (AMX tiles for brgemm); back to auto afterwards. The extension itself must build: a
+    build or load failure fails the test."""
     from kernels.cpu import ops
 
     mode = getattr(request, "param", "auto")
+    ops.load()
     try:
         ops.bf16_attn_gemm(mode)
     except RuntimeError as e:
-        pytest.skip(f"bf16_attn_gemm({mode!r}): {e}".splitlines()[0])
+        pytest.skip(f"this CPU lacks the instructions of bf16_attn_gemm({mode!r}): {e}".splitlines()[0])
     yield mode
     ops.bf16_attn_gemm("auto")

@@ -28,8 +28,8 @@ from kernels.quant import (
     set_cpu_kernel,
     to_kernel,
 )
-from kernels.quant.cpu_blocks import native_available
 from kernels.quant.weights import Fp8Weight, Int4Weight, Int8Weight
+from tests.kernels.native import require_native_blocks
 from tests.kernels.quant_ref import q8_activation_bound, random_blocks
 
 GGUF_TYPES = {k: getattr(gguf.GGMLQuantizationType, k) for k in gguf_blocks.KINDS}
@@ -93,8 +93,8 @@ def test_smollm_gguf_tensors_round_trip(smollm_path: str) -> None:
 @pytest.fixture(params=["torch", "native"])
 def cpu_kernel(request: pytest.FixtureRequest):
     """Packs CPU weights for torch's kernels or the native block kernels for the test, then back to auto."""
-    if request.param == "native" and not native_available():
-        pytest.skip("the native block kernels need x86 AVX2/FMA/F16C and a built kernels/cpu")
+    if request.param == "native":
+        require_native_blocks()
     set_cpu_kernel(request.param)
     yield request.param
     set_cpu_kernel("auto")

@@ -22,10 +22,17 @@ from kernels.quant import (
     set_cpu_kernel,
     to_kernel,
 )
-from kernels.quant.cpu_blocks import native_available
+from kernels.quant.cpu_blocks import missing_isa
+from tests.kernels.native import require_native_blocks
 from tests.kernels.quant_ref import q8_activation_bound, random_blocks
 
-pytestmark = pytest.mark.skipif(not native_available(), reason="native block kernels need x86 AVX2/FMA/F16C")
+pytestmark = pytest.mark.skipif(bool(missing_isa()), reason=f"this CPU lacks {missing_isa()}: the native block "
+                                                            "kernels need x86 AVX2, FMA and F16C")
+
+
+@pytest.fixture(autouse=True)
+def _native_builds():
+    require_native_blocks()  # the CPU has the ISA: a build failure fails every test here
 
 
 @pytest.fixture(autouse=True)

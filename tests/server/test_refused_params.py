@@ -1,7 +1,11 @@
-"""Parameters radixgen accepts on the wire but does not serve are a 400 naming them, never silently dropped:
-OpenAI `modalities` (but text), `audio`, `web_search_options`; native `/generate` keys `image_data`,
-`lora_path`, `return_hidden_states`, `custom_logit_processor`; a json_schema response_format without a schema.
-Unit checks on the validators, then the same through HTTP on the model-free echo server."""
+"""Parameters radixgen does not serve are a 400 naming them, never silently dropped: on the OpenAI routes any
+unknown field, `modalities` (but text), `audio`, `web_search_options`, a `service_tier` but auto/default,
+`reasoning_effort`, a `verbosity` but medium, `return_hidden_states`, chat `store: true`, `priority` without
+--enable-priority-scheduling, `prediction` without n-gram speculation; on native `/generate` any unknown key
+and `image_data`, `lora_path`, `return_hidden_states`, `custom_logit_processor`, `background`, `return_bytes`,
+`return_entropy`; a json_schema response_format without a schema. OpenAI's informational fields and the
+fields sglang-router fills in pass. Unit checks on the validators, then the same through HTTP on the model-free
+echo server."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import time
 
 import pytest
 
+from runtime.messages import FinishStop
 from runtime.tokenizer.chat_template import check_chat_template
 from runtime.tokenizer.generate_input import RequestError, normalize_generate
 from server.cli import build_parser
@@ -25,6 +30,11 @@ NATIVE_REFUSED = [
     ("lora_path", "adapters/sql"),
     ("return_hidden_states", True),
     ("custom_logit_processor", "{\"callable\": \"x\"}"),
+    ("background", True),
+    ("return_bytes", True),
+    ("return_entropy", True),
+    ("session_params", {"id": "s"}),
+    ("no_such_key", 1),
 ]
 OPENAI_REFUSED = [
     ("modalities", ["text", "audio"]),
@@ -32,7 +42,20 @@ OPENAI_REFUSED = [
     ("audio", {"voice": "alloy", "format": "wav"}),
     ("web_search_options", {}),
     ("web_search_options", {"search_context_size": "low"}),
+    ("service_tier", "flex"),
+    ("service_tier", "priority"),
+    ("reasoning_effort", "low"),
+    ("verbosity", "high"),
+    ("return_hidden_states", True),
+    ("no_such_field", 1),
 ]
+# what sglang-router sends on every request, and OpenAI's informational fields
+OPENAI_ACCEPTED = {"user": "u-1", "metadata": {"k": "v"}, "safety_identifier": "h", "prompt_cache_key": "c",
+                   "separate_reasoning": True, "stream_reasoning": True, "return_hidden_states": False,
+                   "service_tier": "auto", "verbosity": "medium"}
+ROUTER_GENERATE = {"model": None, "return_text_in_logprobs": False, "stream": False, "log_metrics": True,
+                   "return_hidden_states": False, "background": False, "no_logs": False, "return_bytes": False,
+                   "return_entropy": False}
 
 
 def _err(fn, *args) -> RequestError:
@@ -64,6 +87,12 @@ def test_openai_defaults_pass():
     body = P.Body({"messages": M, "modalities": ["text"], "audio": None, "web_search_options": None},
                   frozenset({"messages"}))
     assert body.raw("modalities") == ["text"]
+    P.Body({"messages": M, **OPENAI_ACCEPTED}, frozenset({"messages"}))
+
+
+def test_what_sglang_router_sends_to_generate_passes():
+    (req,), _ = normalize_generate({"text": "hi", "sampling_params": {"max_new_tokens": 2}, **ROUTER_GENERATE})
+    assert req.text == "hi"
 
 
 def test_json_schema_without_schema_is_a_400_not_a_compile():
@@ -88,7 +117,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 def test_parallel_tool_calls_false_keeps_one_call():
     plan = T.parse_tools(TOOLS, "auto")
     two = '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "arguments": {}}]'
-    r = {"index": 0, "text": two, "meta_info": {"finish_reason": {"type": "stop"}}}
+    r = {"index": 0, "text": two, "meta_info": {"finish_reason": FinishStop()}}
     assert len(_choice(r, plan, None, 0, parallel=True)["message"]["tool_calls"]) == 2
     one = _choice(r, plan, None, 0, parallel=False)
     assert [c["function"]["arguments"] for c in one["message"]["tool_calls"]] == ['{"city": "Paris"}']
@@ -144,6 +173,19 @@ def test_refusals_over_http(server):
             assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice", r.text
         r = c.post("/v1/chat/completions", json={"messages": M, "max_tokens": 2, "modalities": ["text"]})
         assert r.status_code == 200, r.text
+        r = c.post("/v1/chat/completions", json={"messages": M, "max_tokens": 2, **OPENAI_ACCEPTED})
+        assert r.status_code == 200, r.text
+        r = c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}, **ROUTER_GENERATE})
+        assert r.status_code == 200, r.text
+        # what this server (no priority scheduling, no speculation) cannot honour
+        for route, extra in (("/v1/chat/completions", {"store": True}), ("/v1/chat/completions", {"priority": 1}),
+                             ("/v1/completions", {"priority": 1}), ("/generate", {"priority": 1}),
+                             ("/v1/chat/completions", {"prediction": {"type": "content", "content": "x"}})):
+            body = {"messages": M} if route == "/v1/chat/completions" else {"prompt": "hi"}
+            if route == "/generate":
+                body = {"text": "hi"}
+            r = c.post(route, json={**body, "max_tokens": 2, **extra} if route != "/generate" else {**body, **extra})
+            assert r.status_code == 400 and r.json()["error"]["param"] == next(iter(extra)), (route, r.text)
         r = c.post("/generate", json={"text": "hi", "return_hidden_states": False, "lora_path": None,
                                       "sampling_params": {"max_new_tokens": 2}})
         assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 2, r.text

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from kernels import quant
-from kernels.quant.cpu_blocks import native_available
 from runtime.config import make_config, resolve
 from runtime.executor.greedy import greedy_generate
 from runtime.executor.model_runner import create_model_runner
 from runtime.models.loader import load_weights
 from runtime.models.quant_policy import UnsupportedQuantization
+from tests.kernels.native import require_native_blocks
 
 
 def _resolved(**kw):
@@ -66,8 +66,8 @@ def test_quantized_smollm_answers_paris(mode: str, kernel: str, smollm_path, smo
     channel. The fused QKV weight (Q/K rows un-permuted) dequantizes to the float model's within the bf16
     rounding of the f16 scales (auto) or half an int8 step (int8); greedy decoding still answers Paris, under
     torch's weight-only kernels and the native block kernels (--quantization-kernel) alike."""
-    if kernel == "native" and not native_available():
-        pytest.skip("the native block kernels need x86 AVX2/FMA/F16C and a built kernels/cpu")
+    if kernel == "native":
+        require_native_blocks()
     runner = create_model_runner(make_config(model_path=smollm_path, max_total_tokens=512, quantization=mode,
                                              quantization_kernel=kernel), progress=False)
     from runtime.config import cpu_has_native_bf16
