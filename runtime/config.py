@@ -256,6 +256,16 @@ class ServerConfig:
     compiles of the decode graphs, which can take minutes; later starts hit the compile caches)."""
     shutdown_timeout: float = 0.0
     """Seconds to let running requests finish on SIGTERM before stopping."""
+    reasoning_parser: str | None = None
+    """Separate a reasoning model's thinking from its answer (SGLang's names: deepseek-r1, qwen3, qwen3-thinking,
+    glm45, kimi, step3, deepseek-v3, gpt-oss; docs/protocol.md). Chat responses then carry
+    `reasoning_content`, the Responses API a reasoning item, /generate `reasoning_text` with
+    separate_reasoning, and a constraint (response_format, regex, tool calls) applies from the end of the
+    thinking on. Without it the output is left whole and a request asking for separation is refused."""
+    tool_call_parser: str | None = None
+    """Read tool calls in this model family's format (SGLang's names: qwen25, llama3, mistral, pythonic,
+    deepseekv3); tool_choice required/named and strict tools are constrained in that format's syntax. Default:
+    chosen from the chat template's markers (logged at start-up), else radixgen's generic JSON calls."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any
 
 from runtime import config as config_mod
 from runtime.config import SECTIONS, Config, make_config
+from server.parsers import REASONING_PARSERS, TOOL_PARSERS
 
 CHOICES = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
@@ -29,6 +30,8 @@ CHOICES = {
     "log_level": ("debug", "info", "warning", "error", "critical"),
     "router_policy": ("cache_aware", "round_robin", "random", "power_of_two"),
     "speculative_algorithm": ("ngram", "draft", "none"),
+    "reasoning_parser": tuple(REASONING_PARSERS),
+    "tool_call_parser": tuple(TOOL_PARSERS),
 }
 TITLES = {"model": "model", "cache": "KV cache", "scheduler": "scheduler", "grammar": "constrained decoding",
           "speculative": "speculative decoding", "server": "HTTP server", "parallel": "data parallel (sglang-router)"}

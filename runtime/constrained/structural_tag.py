@@ -10,6 +10,10 @@ the trigger, so that text cannot hold it) followed by one of the bodies of the s
 (`begin` minus the trigger, `%json{schema}`, `end`); after the last tag, a final text that may not contain any
 trigger (a regex intersected with the complement of "contains a trigger"). Without that last rule a trigger
 could pass as plain text and the schema after it would never be enforced.
+
+radixgen's extension for tool_choice required/named: `"only_tags": true` makes the output nothing but tags (at
+least one, each a structure's full `begin`, document, `end`), separated by `"separator"` (default "\n");
+`"max_tags": 1` allows just one. Only the llguidance backend compiles it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ class Structure:
 class StructuralTag:
     structures: list[Structure]
     triggers: list[str]
+    only_tags: bool = False
+    max_tags: int | None = None
+    separator: str = "\n"
 
     def trigger_of(self, s: Structure) -> str:
         """The longest trigger `s.begin` starts with."""
@@ -61,7 +68,11 @@ def parse_structural_tag(spec: str) -> StructuralTag:
             raise GrammarValidationError(f"structural_tag.structures[{i}].begin {s['begin']!r} starts with none of "
                                          f"the triggers {triggers!r}"[:300])
         structures.append(Structure(s["begin"], schema, s["end"]))
-    return StructuralTag(structures, list(dict.fromkeys(triggers)))
+    only, most, sep = raw.get("only_tags", False), raw.get("max_tags"), raw.get("separator", "\n")
+    if not isinstance(only, bool) or not isinstance(sep, str) or most not in (None, 1):
+        raise GrammarValidationError("structural_tag: only_tags is a boolean, max_tags 1 or absent, separator a "
+                                     "string")
+    return StructuralTag(structures, list(dict.fromkeys(triggers)), only, most, sep)
 
 
 def _lit(s: str) -> str:
@@ -76,6 +87,8 @@ def _rx(s: str) -> str:
 def lark_grammar(tag: StructuralTag, schema_text: list[str]) -> str:
     """llguidance Lark text. schema_text[i]: structure i's schema as compact JSON (already rewritten by the
     caller's JSON rules)."""
+    if tag.only_tags:
+        return _only_tags(tag, schema_text)
     used = [t for t in tag.triggers if any(tag.trigger_of(s) == t for s in tag.structures)]
     contains = "|".join(_rx(t) for t in tag.triggers)
     lines = ["%llguidance {}", "start: tagged* TAIL", "tagged: " + " | ".join(f"tag_{k}" for k in range(len(used)))]
@@ -92,4 +105,18 @@ def lark_grammar(tag: StructuralTag, schema_text: list[str]) -> str:
         lines.append(f"body_{i}: " + " ".join(parts))
     lines.append("TEXT: /(.|\\n)*/")
     lines.append(f"TAIL: /(.|\\n)*/ & ~/(.|\\n)*({contains})(.|\\n)*/")
+    return "\n".join(lines) + "\n"
+
+
+def _only_tags(tag: StructuralTag, schema_text: list[str]) -> str:
+    """Lark for an output of tags only: `full (separator full)*` (or one `full` under max_tags 1)."""
+    rest = "" if tag.max_tags == 1 else f" ({_lit(tag.separator)} full)*"
+    lines = ["%llguidance {}", "start: full" + rest,
+             "full: " + " | ".join(f"body_{i}" for i in range(len(tag.structures)))]
+    for i, s in enumerate(tag.structures):
+        parts = [_lit(s.begin)] if s.begin else []
+        parts.append(f"%json {schema_text[i]}")
+        if s.end:
+            parts.append(_lit(s.end))
+        lines.append(f"body_{i}: " + " ".join(parts))
     return "\n".join(lines) + "\n"

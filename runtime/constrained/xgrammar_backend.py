@@ -185,6 +185,9 @@ def _structural_tag(spec: str, cfg: GrammarConfig) -> xgr.Grammar:
         items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(_check_schema(json.dumps(s["schema"]), cfg)),
                                        end=s["end"]) for s in st["structures"]]
         triggers = list(st["triggers"])
+        if st.get("only_tags"):
+            raise GrammarValidationError("structural_tag only_tags (tool_choice required/named in a tool-call "
+                                         "format's syntax) needs --grammar-backend llguidance")
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise GrammarValidationError(f"structural_tag needs 'structures' (begin, schema, end) and 'triggers': {e}") \
             from None

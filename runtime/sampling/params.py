@@ -40,6 +40,13 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     logit_bias: dict[str, float] | None = None  # {token id as str: bias}
     sampling_seed: int | None = None
     disable_speculation: bool = False  # opt this request out of speculative decoding (--speculative-algorithm)
+    # Thinking (a reasoning model): the constraint applies only after `think_end` is generated. `think_start`
+    # set: the model may open its thinking with it (or answer at once, constrained from the first token);
+    # unset: the output starts inside the thinking. `thinking_budget`: tokens of thinking before `think_end` is
+    # forced (runtime/constrained/thinking.py).
+    think_start: str | None = None
+    think_end: str | None = None
+    thinking_budget: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict | None) -> SamplingParams:

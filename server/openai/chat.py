@@ -4,13 +4,14 @@ Data flow: strict JSON body -> `Body` (an unknown field is a 400 naming it) -> m
 and normalized (developer -> system, text parts joined) -> tools planned (server/openai/tools.py) -> the
 chat template (the model's, or `--chat-template`) rendered and tokenized by `Tokenizer.encode_chat`, so
 control tokens come only from the template -> sampling params (+ a JSON-schema constraint for
-response_format or a required/named tool_choice) -> `TokenizerManager.submit` (one handle, n samples) ->
-a chat.completion object, or SSE chunks (server/openai/streaming.py).
+response_format, a required/named tool_choice or strict tools, in the tool-call format's syntax:
+server/openai/tool_format.py; after the thinking for a thinking request: server/openai/reasoning.py) ->
+`TokenizerManager.submit` (one handle, n samples) -> each output split into reasoning, content and tool calls
+(server/openai/chat_output.py) -> a chat.completion object, or SSE chunks (server/openai/streaming.py).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from functools import lru_cache
 from typing import Any
@@ -24,7 +25,10 @@ from runtime.tokenizer.manager import TokenizerManager
 from server.http import JSON, ClientGone, ServerState, get_state, until_disconnect
 from server.openai import common as C
 from server.openai import params as P
+from server.openai import reasoning as R
+from server.openai import tool_format as F
 from server.openai import tools as T
+from server.openai.chat_output import OutputPlan, split_output
 from server.openai.logprobs import LogprobFormatter
 from server.openai.streaming import ChatStream, sse_response
 
@@ -39,6 +43,7 @@ KNOWN = frozenset({
     "add_generation_prompt", "stop_token_ids", "ignore_eos", "skip_special_tokens",
     "spaces_between_special_tokens", "no_stop_trim", "functions", "function_call", "parallel_tool_calls",
     "priority", "prediction", "rid", "store",
+    "separate_reasoning", "stream_reasoning", "thinking_budget",
 })
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool",
          "function": "tool"}
@@ -208,19 +213,23 @@ async def chat_completions(request: Request) -> Response:
     sp = P.sampling_params(body, srv, tm.vocab_size)
     n = P.n_choices(body, srv)
     max_new, max_key = P.max_tokens(body, ("max_completion_tokens", "max_tokens"))
-    cons, cons_param = P.constraint(body)
-    if plan.constrained:
-        if cons:  # both would constrain the same output: neither may be dropped silently
-            raise RequestError(f"tool_choice={plan.mode} constrains the output to a tool call; it cannot be "
-                               f"combined with '{cons_param}'", "tool_choice", "invalid_value")
-        cons, cons_param = {"json_schema": json.dumps(plan.schema(), separators=(",", ":"))}, "tools"
     parallel = body.boolean("parallel_tool_calls", True)
     if body.boolean("store"):
         raise RequestError("'store': chat completions are not stored (the Responses API stores responses)",
                            "store", "unsupported_parameter")
     rid = body.string("rid")
+    output = output_plan(body, state, tm, plan, parallel)
+    cons, cons_param = P.constraint(body)
+    tool_cons = F.constraint(plan, output.tool_format, parallel)
+    if tool_cons:
+        if cons:  # both would constrain the same output: neither may be dropped silently
+            what = f"tool_choice={plan.mode}" if plan.constrained else "a strict tool"
+            raise RequestError(f"{what} constrains the output to tool calls; it cannot be combined with "
+                               f"'{cons_param}'", "tool_choice" if plan.constrained else "tools", "invalid_value")
+        cons, cons_param = tool_cons, "tools"
     ids = tokenize_chat(body, state, tm, messages, plan)
     sp.update(cons, n=n)
+    sp.update(thinking_sampling(output, sp))
     if max_new is not None:
         sp["max_new_tokens"] = max_new
     predicted = P.prediction(body)
@@ -237,29 +246,54 @@ async def chat_completions(request: Request) -> Response:
             u = C.usage(state, [[{"meta_info": m} for m in metas if m]])
             return u if predicted is None else C.with_prediction(u, [m for m in metas if m])
 
-        return sse_response(ChatStream(handle, base, n, plan, fmt, top, include_usage, usage_of,
-                                       parallel).events())
+        return sse_response(ChatStream(handle, base, n, output, fmt, top, include_usage, usage_of).events())
     try:
         per_prompt = await until_disconnect(request, C.collect([handle]))
     except ClientGone:
         return Response(status_code=499)
     C.raise_for_aborts(per_prompt)
-    choices = [_choice(r, plan, fmt, top, parallel) for r in per_prompt[0]]
+    choices = [_choice(r, output, fmt, top) for r in per_prompt[0]]
     usage = C.usage(state, per_prompt)
     if predicted is not None:
         usage = C.with_prediction(usage, [r["meta_info"] for r in per_prompt[0]])
     return JSON({**base, "object": "chat.completion", "choices": choices, "usage": usage})
 
 
-def _choice(r: dict[str, Any], plan: T.ToolPlan, fmt: LogprobFormatter | None, top: int,
-            parallel: bool) -> dict[str, Any]:
+def output_plan(body: P.Body, state: ServerState, tm: TokenizerManager, plan: T.ToolPlan,
+                parallel: bool) -> OutputPlan:
+    """How this request's outputs are split: reasoning (server/openai/reasoning.py) and the tool-call format."""
+    srv = state.cfg.server
+    kwargs = body.raw("chat_template_kwargs")
+    reasoning = R.plan_reasoning(body.data, srv.reasoning_parser, kwargs if isinstance(kwargs, dict) else None)
+    fmt = srv.tool_call_parser
+    if fmt is None and plan.tools and plan.mode != "none":
+        fmt = F.format_name(None, chat_template(state, tm))
+    return OutputPlan(plan, reasoning, fmt, parallel)
+
+
+def thinking_sampling(output: OutputPlan, sp: dict[str, Any]) -> dict[str, Any]:
+    """Sampling params for thinking (constraint after the thinking, budget) and for formats whose markers are
+    special tokens (kept in the text unless the request set skip_special_tokens itself)."""
+    out = R.thinking_params(output.reasoning)
+    tp = output.tool_parser()
+    if tp is not None and tp.special_tokens:
+        out["skip_special_tokens"] = False
+    if "skip_special_tokens" in sp:
+        out.pop("skip_special_tokens", None)
+    return out
+
+
+def _choice(r: dict[str, Any], output: OutputPlan, fmt: LogprobFormatter | None, top: int) -> dict[str, Any]:
     meta, text = r["meta_info"], r["text"]
     fr = meta["finish_reason"]
     reason = C.finish_reason(fr)
-    content, calls = T.calls_of(plan, text, parallel)
+    split = split_output(output, text)
+    content, calls = split.content, split.calls
     if calls and reason == "stop":
         reason = "tool_calls"
     message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    if output.reasoning.parser is not None:
+        message["reasoning_content"] = split.reasoning
     if calls:
         message["tool_calls"] = calls
     logprobs = None

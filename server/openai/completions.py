@@ -95,6 +95,10 @@ async def completions(request: Request) -> Response:
     prompts = parse_prompts(body.raw("prompt"), tm)
     if body.string("suffix"):
         raise RequestError("'suffix' is not supported", "suffix", "invalid_value")
+    for key in ("separate_reasoning", "stream_reasoning"):
+        if body.boolean(key):
+            raise RequestError(f"'{key}': /v1/completions returns raw text; use /v1/chat/completions (with "
+                               "--reasoning-parser) for separated reasoning", key, "unsupported_parameter")
     stream = body.boolean("stream")
     include_usage = P.stream_options(body, stream)
     echo = body.boolean("echo")

@@ -33,8 +33,8 @@ JSON_OBJECT_SCHEMA = json.dumps({"type": "object", "additionalProperties": {"any
 
 # Informational by OpenAI's own definition (they label or route a request, never change its output): accepted.
 INFORMATIONAL = frozenset({"user", "metadata", "safety_identifier", "prompt_cache_key"})
-# SGLang's own request fields that sglang-router fills in on every chat request (true by default); they act
-# only under a reasoning parser, which radixgen does not have, so either value answers the same.
+# SGLang's own request fields that sglang-router fills in on every chat request (true by default); the chat
+# route reads them (server/openai/reasoning.py), other routes accept them.
 SGLANG_ACCEPTED = frozenset({"separate_reasoning", "stream_reasoning"})
 # Fields accepted only at the values radixgen serves (null always passes): field -> (values, what else means).
 ONLY_AT: dict[str, tuple[tuple[Any, ...], str]] = {

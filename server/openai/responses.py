@@ -23,8 +23,9 @@ from server.openai import common as C
 from server.openai import params as P
 from server.openai import responses_input as I
 from server.openai import responses_output as O
-from server.openai import tools as T
-from server.openai.chat import parse_messages, tokenize_chat
+from server.openai import tool_format as F
+from server.openai.chat import output_plan, parse_messages, thinking_sampling, tokenize_chat
+from server.openai.chat_output import Output, split_output
 from server.openai.streaming import sse_response
 from server.response_store import StoredResponse
 
@@ -81,17 +82,20 @@ async def create_response(request: Request) -> Response:
         raise RequestError("'stream_options' can only be given when 'stream' is true", "stream_options")
     metadata = _metadata(body.raw("metadata"))
     schema, fmt = I.text_format(body.raw("text"))
+    output = output_plan(body, state, tm, plan, parallel)
     cons: dict[str, str] = {}
     cons_param: str | None = None
-    if schema is not None and plan.constrained:
-        raise RequestError(f"tool_choice={plan.mode} and a json_schema text.format both constrain the output: "
-                           "give one of them", "tool_choice", "invalid_value")
+    tool_cons = F.constraint(plan, output.tool_format, parallel)
+    if schema is not None and tool_cons:
+        raise RequestError(f"tool_choice={plan.mode} (or a strict tool) and a json_schema text.format both constrain "
+                           "the output: give one of them", "tool_choice", "invalid_value")
     if schema is not None:
         cons, cons_param = {"json_schema": schema}, "text.format"
-    elif plan.constrained:
-        cons, cons_param = {"json_schema": I.tool_schema_constraint(plan)}, "tools"
+    elif tool_cons:
+        cons, cons_param = tool_cons, "tools"
     sp = P.sampling_params(body, state.cfg.server, tm.vocab_size)
     sp.update(cons)
+    sp.update(thinking_sampling(output, sp))
     max_new = body.integer("max_output_tokens", 1)
     if max_new is not None:
         sp["max_new_tokens"] = max_new
@@ -110,27 +114,24 @@ async def create_response(request: Request) -> Response:
         "user": body.string("user"), "metadata": metadata,
     }
 
-    def finish(content: str | None, calls: list[dict[str, Any]], meta: dict[str, Any],
-               items: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    def finish(out: Output, meta: dict[str, Any], items: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         status, details = O.status_of(meta["finish_reason"])
-        output = items if items is not None else O.output_items(content, calls, status)
+        output = items if items is not None else O.output_items(out, status)
         response = {**snapshot, "status": status, "incomplete_details": details, "output": output,
                     "usage": _usage(state, meta)}
         if store:
-            state.responses.put(rid, StoredResponse(response, history + turn + [O.conversation_turn(content,
-                                                                                                   calls)]))
+            state.responses.put(rid, StoredResponse(response, history + turn + [O.conversation_turn(out)]))
         return response
 
     if stream:
-        return sse_response(O.ResponseStream(handle, snapshot, plan, parallel, finish).events(), named=True)
+        return sse_response(O.ResponseStream(handle, snapshot, output, finish).events(), named=True)
     try:
         per_prompt = await until_disconnect(request, C.collect([handle]))
     except ClientGone:
         return Response(status_code=499)
     C.raise_for_aborts(per_prompt)
     result = per_prompt[0][0]
-    content, calls = T.calls_of(plan, result["text"], parallel)
-    return JSON(finish(content, calls, result["meta_info"]))
+    return JSON(finish(split_output(output, result["text"]), result["meta_info"]))
 
 
 @router.get("/v1/responses/{response_id}")

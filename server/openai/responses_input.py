@@ -164,7 +164,7 @@ def tool_plan(tools: Any, tool_choice: Any) -> T.ToolPlan:
             if kind != "function":
                 raise RequestError(f"'tools[{i}].type' {kind!r} is not supported: only function tools are"[:200],
                                    f"tools[{i}].type", "unsupported_parameter")
-            fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
+            fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}
             chat_tools.append({"type": "function", "function": fn})
     choice = tool_choice
     if isinstance(tool_choice, dict):

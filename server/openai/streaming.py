@@ -1,10 +1,11 @@
 """SSE for the OpenAI routes: merging several prompts' handles, the error-chunk-then-[DONE] guard, and the
 chat chunk sequence.
 
-Chat stream, as OpenAI streams it: for each choice a first chunk whose delta carries `role: assistant`; content
+Chat stream, as OpenAI streams it: for each choice a first chunk whose delta carries `role: assistant`;
+`reasoning_content` deltas while a thinking request thinks (server/openai/chat_output.py); content
 deltas (with their tokens' logprobs when asked); tool calls as `delta.tool_calls[{index, id, type, function:
-{name, arguments}}]` (a named tool_choice streams argument fragments, `required` and auto-detected calls come
-whole at the end); one chunk per choice with `finish_reason`; when `stream_options.include_usage`, a last
+{name, arguments}}]` (with a tool-call format each call comes whole when its block closes; without one a named
+tool_choice streams argument fragments, `required` and auto-detected calls come whole at the end); one chunk per choice with `finish_reason`; when `stream_options.include_usage`, a last
 chunk with `choices: []` and `usage` (other chunks carry `usage: null`); then `data: [DONE]`. A failure after
 the stream began (the runtime died, a grammar did not compile) is `data: {"error": {...}}` then `[DONE]`.
 """
@@ -24,6 +25,7 @@ from runtime.tokenizer.manager import RequestHandle
 from server.errors import error_body
 from server.http import SSE_DONE, sse
 from server.openai import tools as T
+from server.openai.chat_output import OutputPlan, OutputSplitter
 from server.openai.common import abort_error, finish_reason, matched_stop
 from server.openai.logprobs import LogprobFormatter
 
@@ -103,7 +105,10 @@ async def merged(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, dict[
 
 @dataclass
 class _Choice:
-    sent: int = 0  # characters of text already sent (as content or arguments)
+    splitter: OutputSplitter
+    seen: int = 0  # characters of the raw output already split
+    sent: int = 0  # characters of the answer already sent (as content or arguments)
+    n_calls: int = 0  # tool calls sent (a format's calls)
     lp_sent: int = 0  # output logprob entries already sent
     streaming: bool = False  # auto tools: decided that this is content, not a call
     call_id: str | None = None  # named tool_choice: the call streamed so far
@@ -117,12 +122,19 @@ class ChatStream:
     handle: AsyncIterable[dict[str, Any]]  # a RequestHandle (or an iterator over its results)
     base: dict[str, Any]  # id, object, created, model, system_fingerprint
     n: int
-    plan: T.ToolPlan
+    output: OutputPlan  # tools, reasoning, tool-call format, parallel_tool_calls
     fmt: LogprobFormatter | None  # None: no logprobs asked
     top_k: int
     include_usage: bool
     usage_of: Callable[[list[dict[str, Any]]], dict[str, Any]]  # final meta dicts -> usage dict
-    parallel: bool = True  # parallel_tool_calls: False keeps at most the first call
+
+    @property
+    def plan(self) -> T.ToolPlan:
+        return self.output.tools
+
+    @property
+    def parallel(self) -> bool:
+        return self.output.parallel
 
     def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
         out = {**self.base, "choices": [choice]}
@@ -143,7 +155,7 @@ class ChatStream:
         return {"content": new, "refusal": None}
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
-        choices = [_Choice() for _ in range(self.n)]
+        choices = [_Choice(OutputSplitter(self.output)) for _ in range(self.n)]
         for i in range(self.n):
             yield self._delta(i, {"role": "assistant", "content": ""})
         async for item in self.handle:
@@ -160,11 +172,44 @@ class ChatStream:
         if self.include_usage:
             yield {**self.base, "choices": [], "usage": self.usage_of([c.meta for c in choices])}
 
-    def _progress(self, i: int, ch: _Choice, text: str, meta: dict[str, Any], done: bool) -> list[dict[str, Any]]:
+    def _progress(self, i: int, ch: _Choice, raw: str, meta: dict[str, Any], done: bool) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        reasoning, text, calls = ch.splitter.feed(raw[ch.seen:], done)
+        ch.seen = len(raw)
+        if reasoning:
+            out.append(self._delta(i, {"reasoning_content": reasoning}))
+        if ch.splitter.tp is not None:
+            out += self._format_progress(i, ch, text, calls, meta)
+        else:
+            out += self._generic_progress(i, ch, text, meta, done)
+        if done:
+            reason = finish_reason(meta["finish_reason"])
+            if reason == "stop" and (ch.n_calls or (self.plan.mode == "named" and ch.splitter.tp is None)):
+                reason = "tool_calls"
+            choice = {"index": i, "delta": {}, "logprobs": None, "finish_reason": reason}
+            stop = matched_stop(meta["finish_reason"])
+            if stop is not None:
+                choice["matched_stop"] = stop
+            out.append(self._chunk(choice))
+        return out
+
+    def _format_progress(self, i: int, ch: _Choice, text: str, calls: list[dict[str, Any]],
+                         meta: dict[str, Any]) -> list[dict[str, Any]]:
+        """A tool-call format's parser already split the answer from the calls."""
+        out = []
+        if len(text) > ch.sent:
+            out.append(self._delta(i, {"content": text[ch.sent:]}, self._logprobs(ch, meta)))
+            ch.sent = len(text)
+        if calls:
+            out.append(self._delta(i, {"tool_calls": [{"index": ch.n_calls + k, **c} for k, c in enumerate(calls)]}))
+            ch.n_calls += len(calls)
+        return out
+
+    def _generic_progress(self, i: int, ch: _Choice, text: str, meta: dict[str, Any],
+                          done: bool) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         mode = self.plan.mode if self.plan.tools else "none"
         new = text[ch.sent:]
-        reason = finish_reason(meta["finish_reason"]) if done else None
         if mode == "named":
             if ch.call_id is None:
                 ch.call_id = T.new_call_id()
@@ -174,8 +219,6 @@ class ChatStream:
             if new:
                 out.append(self._delta(i, {"tool_calls": [{"index": 0, "function": {"arguments": new}}]}))
                 ch.sent = len(text)
-            if done and reason == "stop":
-                reason = "tool_calls"
         elif mode == "none" or ch.streaming or (mode == "auto" and not T.may_be_call(text)):
             ch.streaming = True
             if new:
@@ -187,17 +230,11 @@ class ChatStream:
                 content = None if calls else text
             else:
                 content, calls = T.parse_auto(self.plan, text)
-            calls = calls if self.parallel else calls[:1]
+            calls = (calls or []) if self.parallel else (calls or [])[:1]
             if calls:
                 out.append(self._delta(i, {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]}))
-                reason = "tool_calls"
+                ch.n_calls = len(calls)
             if content:
                 out.append(self._delta(i, {"content": content}, self._logprobs(ch, meta)))
             ch.sent = len(text)
-        if done:
-            choice = {"index": i, "delta": {}, "logprobs": None, "finish_reason": reason}
-            stop = matched_stop(meta["finish_reason"])
-            if stop is not None:
-                choice["matched_stop"] = stop
-            out.append(self._chunk(choice))
         return out

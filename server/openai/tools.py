@@ -41,6 +41,7 @@ class Tool:
     description: str | None
     parameters: dict[str, Any]
     spec: dict[str, Any]  # the request's {"type": "function", "function": {...}}
+    strict: bool = False  # the arguments must validate against `parameters` (enforced by a grammar)
 
 
 @dataclass(frozen=True)
@@ -123,9 +124,13 @@ def _parse_tool(t: Any, param: str) -> Tool:
     if not isinstance(params, dict):
         raise RequestError(f"'{param}.function.parameters' must be an object", f"{param}.function.parameters",
                            "invalid_type")
+    strict = fn.get("strict", t.get("strict"))
+    if strict is not None and not isinstance(strict, bool):
+        raise RequestError(f"'{param}.function.strict' must be a boolean", f"{param}.function.strict",
+                           "invalid_type")
     spec = {"type": "function", "function": {"name": name, "parameters": params,
                                              **({"description": desc} if desc else {})}}
-    return Tool(name, desc, params, spec)
+    return Tool(name, desc, params, spec, bool(strict))
 
 
 def template_supports_tools(template: str) -> bool:

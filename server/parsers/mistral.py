@@ -26,13 +26,18 @@ class MistralToolParser(BaseToolParser):
     def parse_block(self, block: Block, text: str) -> list[ToolCall] | None:
         if ARGS in text:
             return self._named_args(text)
-        try:
-            obj = json.loads(text)
-        except ValueError:
-            return None
-        items = obj if isinstance(obj, list) else [obj]
-        calls = [call_from_obj(o, self.tools, ("arguments",)) for o in items]
-        return calls if items and all(calls) else None  # type: ignore[return-value]
+        calls: list[ToolCall] = []
+        for part in text.split(MARKER):  # one array per marker (a constrained output may repeat it)
+            try:
+                obj = json.loads(part)
+            except ValueError:
+                return None
+            items = obj if isinstance(obj, list) else [obj]
+            found = [call_from_obj(o, self.tools, ("arguments",)) for o in items]
+            if not items or not all(found):
+                return None
+            calls += found  # type: ignore[arg-type]
+        return calls
 
     def _named_args(self, text: str) -> list[ToolCall] | None:
         calls = []

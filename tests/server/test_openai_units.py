@@ -253,9 +253,13 @@ def _events(steps, plan=None, n=1, include_usage=True):
     def usage_of(metas):
         return {"completion_tokens": sum(m["completion_tokens"] for m in metas)}
 
+    from server.openai.chat_output import OutputPlan
+    from server.openai.reasoning import ReasoningPlan
+
+    output = OutputPlan(plan or T.ToolPlan([], "none"), ReasoningPlan(None), None)
     stream = ChatStream(FakeHandle(steps), {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1,
                                             "model": "m", "system_fingerprint": None},
-                        n, plan or T.ToolPlan([], "none"), None, 0, include_usage, usage_of)
+                        n, output, None, 0, include_usage, usage_of)
 
     async def run():
         return [ev async for ev in stream.events()]
@@ -337,10 +341,12 @@ def test_stream_abort_from_a_bad_grammar_raises_for_the_error_chunk():
     fr = FinishAbort(message="failed to compile the grammar: boom")
 
     async def run():
+        from server.openai.chat_output import OutputPlan
+        from server.openai.reasoning import ReasoningPlan
         from server.openai.streaming import ChatStream
 
-        stream = ChatStream(FakeHandle([(0, "", fr)]), {"id": "x"}, 1, T.ToolPlan([], "none"), None, 0, False,
-                            lambda m: {})
+        output = OutputPlan(T.ToolPlan([], "none"), ReasoningPlan(None), None)
+        stream = ChatStream(FakeHandle([(0, "", fr)]), {"id": "x"}, 1, output, None, 0, False, lambda m: {})
         return [b async for b in guarded(stream.events())]
 
     out = asyncio.run(run())

@@ -106,3 +106,13 @@ def test_call_template_round_trips(name: str) -> None:
     text = t.begin + '{"city": "Paris"}' + t.end
     assert p.parse(text) == ("", [ToolCall("get_weather", '{"city": "Paris"}')])
     assert text.startswith(t.trigger)
+
+
+@pytest.mark.parametrize("name", ["qwen25", "llama3", "mistral", "deepseekv3"])
+def test_constrained_calls_parse_back(name: str) -> None:
+    """Several calls spelled as a required tool_choice constrains them (templates joined by the format's
+    separator) parse back to those calls."""
+    p = create_tool_parser(name, {"get_weather", "get_time"})
+    a, b = p.call_template("get_weather"), p.call_template("get_time")
+    text = a.begin + '{"city": "Paris"}' + a.end + p.call_separator() + b.begin + "{}" + b.end
+    assert p.parse(text) == ("", [ToolCall("get_weather", '{"city": "Paris"}'), ToolCall("get_time", "{}")])

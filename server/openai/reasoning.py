@@ -1,0 +1,76 @@
+"""Whether a chat or Responses request thinks and how its reasoning is returned.
+
+A request thinks when the server has `--reasoning-parser` and the parser's chat_template_kwargs switch (qwen3's
+`enable_thinking`, deepseek-v3's `thinking`) does not turn it off. A thinking request's constraint applies only
+after the end-of-thinking marker (`thinking_params`), and with `separate_reasoning` (default true) its
+output is split into `reasoning_content` and `content`. `stream_reasoning: false` sends the reasoning as one
+delta instead of as it is generated. `thinking_budget` bounds the thinking in tokens: at the budget the
+end-of-thinking marker is forced and the answer begins.
+
+A request that asks for any of these on a server without a reasoning parser is a 400 naming
+`--reasoning-parser` (a silent drop would return the thinking inside the answer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.tokenizer.generate_input import RequestError
+from server.parsers import BaseReasoningParser, create_reasoning_parser
+
+ASKS = ("separate_reasoning", "stream_reasoning", "thinking_budget")
+
+
+@dataclass(frozen=True)
+class ReasoningPlan:
+    parser: str | None  # the reasoning parser's name when this request thinks, else None
+    separate: bool = True
+    stream: bool = True
+    budget: int | None = None
+
+    def new_parser(self) -> BaseReasoningParser | None:
+        """A parser for one output (None: the output is left whole)."""
+        return create_reasoning_parser(self.parser) if self.parser and self.separate else None
+
+
+def no_parser_error(param: str) -> RequestError:
+    return RequestError(f"'{param}' needs a reasoning parser: start the server with --reasoning-parser NAME "
+                        "(e.g. qwen3, deepseek-r1)", param, "unsupported_parameter")
+
+
+def plan_reasoning(data: dict[str, Any], server_parser: str | None, template_kwargs: dict | None
+                   ) -> ReasoningPlan:
+    """The plan for a request body (`data`: its JSON object)."""
+    for key, kind in (("separate_reasoning", bool), ("stream_reasoning", bool), ("thinking_budget", int)):
+        v = data.get(key)
+        if v is not None and (not isinstance(v, kind) or (kind is int and isinstance(v, bool))):
+            raise RequestError(f"'{key}' must be {'a boolean' if kind is bool else 'an integer'}", key,
+                               "invalid_type")
+    budget = data.get("thinking_budget")
+    if budget is not None and budget < 0:
+        raise RequestError("'thinking_budget' must be at least 0", "thinking_budget", "integer_below_min_value")
+    if server_parser is None:
+        asked = next((k for k in ASKS if data.get(k) not in (None, False)), None)
+        if asked is not None:
+            raise no_parser_error(asked)
+        return ReasoningPlan(None)
+    if not create_reasoning_parser(server_parser).thinking_on(template_kwargs):
+        return ReasoningPlan(None)
+    return ReasoningPlan(server_parser, data.get("separate_reasoning") is not False,
+                         data.get("stream_reasoning") is not False, budget)
+
+
+def thinking_params(plan: ReasoningPlan) -> dict[str, Any]:
+    """Sampling-params entries that make the runtime apply a constraint only after the thinking."""
+    if plan.parser is None:
+        return {}
+    p = create_reasoning_parser(plan.parser)
+    out: dict[str, Any] = {"think_end": p.think_end}
+    if not p.starts_in_reasoning():
+        out["think_start"] = p.fmt.start
+    if plan.budget is not None:
+        out["thinking_budget"] = plan.budget
+    if p.special_tokens:
+        out["skip_special_tokens"] = False
+    return out
