@@ -17,6 +17,7 @@ from server.http import JSON, ServerState
 from server.metrics import Metrics
 from server.mode import ModeMiddleware
 from server.native import router as native_router
+from server.native_reasoning import router as reasoning_router
 from server.openai import router as openai_router
 
 __all__ = ["ServerState", "create_app", "flat_routes"]
@@ -60,6 +61,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.radixgen = state
     install_error_handlers(app)
     app.include_router(native_router)
+    app.include_router(reasoning_router)
     app.include_router(openai_router)
     app.include_router(anthropic_router)
     routes = frozenset(r.path for r in flat_routes(app.routes))

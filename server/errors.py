@@ -66,6 +66,12 @@ def error_response(err: RequestError, path: str = "") -> JSONResponse:
                         headers=err.headers)
 
 
+def no_reasoning_parser(param: str) -> RequestError:
+    """The 400 for a request asking for separated reasoning on a server started without a reasoning parser."""
+    return RequestError(f"'{param}' needs a reasoning parser: start the server with --reasoning-parser NAME "
+                        "(e.g. qwen3, deepseek-r1)", param, "unsupported_parameter")
+
+
 async def read_json(request: Request, max_bytes: int) -> Any:
     """The request body as strict JSON, refusing more than `max_bytes` (413) while reading."""
     chunks, seen = [], 0

@@ -3,7 +3,7 @@ cache flush, abort, metrics.
 
 A request's life here: read strict JSON -> `normalize_generate` -> `TokenizerManager.submit_many`
 (validation errors become 400 before anything reaches the scheduler) -> stream SSE chunks or wait for the
-final results. A client that disconnects aborts its request at once: Starlette cancels a streaming
+final results (with `separate_reasoning`, split into answer and reasoning: server/native_reasoning.py). A client that disconnects aborts its request at once: Starlette cancels a streaming
 response when the peer goes away; for plain responses `until_disconnect` races the work against the
 connection's `http.disconnect`.
 """
@@ -26,6 +26,7 @@ from runtime.messages import FinishAbort
 from runtime.models.loader import read_model_type
 from runtime.tokenizer.generate_input import GenerateRequest, RequestError, normalize_generate
 from runtime.tokenizer.manager import RequestHandle
+from server import native_reasoning as R
 from server.errors import error_body, read_json
 from server.http import JSON, SSE_DONE, ClientGone, get_state, sse, until_disconnect
 
@@ -43,10 +44,12 @@ async def _collect_all(handles: list[RequestHandle]) -> list[dict[str, Any]]:
     return [r for results in per_prompt for r in results]
 
 
-async def _stream(handle: RequestHandle) -> AsyncIterator[bytes]:
+async def _stream(handle: RequestHandle, reasoning: str | None) -> AsyncIterator[bytes]:
+    split = R.CumulativeSplit(reasoning) if reasoning else None
     try:
         async for item in handle:
-            yield sse(handle.public(item))
+            out = handle.public(item)
+            yield sse(split.apply(out) if split else out)
     except RequestError as e:
         yield sse(error_body(e.message, e.type, e.param, e.code))
     yield SSE_DONE
@@ -57,15 +60,18 @@ async def generate(request: Request) -> Response:
     state = get_state(request)
     tm = state.require_tm()
     body = await read_json(request, state.cfg.server.max_body_bytes)
+    reasoning = R.reasoning_of(body, state.cfg.server.reasoning_parser)
     reqs, is_batch = normalize_generate(body)
     handles = tm.submit_many(reqs)
     if reqs[0].stream:
-        return StreamingResponse(_stream(handles[0]), media_type="text/event-stream",
+        return StreamingResponse(_stream(handles[0], reasoning), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
         results = await until_disconnect(request, _collect_all(handles))
     except ClientGone:
         return Response(status_code=499)
+    if reasoning:
+        results = [R.split_final(reasoning, r) for r in results]
     return JSON(results if is_batch or len(results) > 1 else results[0])
 
 

@@ -25,9 +25,10 @@ import uvicorn
 
 from runtime.config import Config
 from runtime.launch import Launch, LaunchError, become_subreaper, reap_children
-from runtime.tokenizer.chat_template import check_chat_template
+from runtime.tokenizer.chat_template import check_chat_template, resolve_chat_template
 from server.app import create_app
 from server.http import ServerState
+from server.parsers import detect_tool_parser
 
 logger = logging.getLogger("radixgen")
 
@@ -64,6 +65,22 @@ def _served_name(cfg: Config, model_path: str) -> str:
         return cfg.model.served_model_name
     base = os.path.basename(model_path.rstrip("/"))
     return base[:-5] if base.endswith(".gguf") else base
+
+
+def _log_parsers(cfg: Config, tokenizer: Any) -> None:
+    """Say which reasoning and tool-call parsers serve requests (a tool format chosen from the chat template
+    when --tool-call-parser is absent)."""
+    srv = cfg.server
+    fmt, source = srv.tool_call_parser, "--tool-call-parser"
+    if fmt is None:
+        try:
+            template = resolve_chat_template(srv.chat_template, getattr(tokenizer, "chat_template", None))
+        except ValueError:
+            template = None
+        fmt, source = detect_tool_parser(template), "the chat template"
+    logger.info("tool-call parser: %s", f"{fmt} (from {source})" if fmt else
+                "none in the chat template: radixgen's generic JSON calls")
+    logger.info("reasoning parser: %s", srv.reasoning_parser or "none (--reasoning-parser)")
 
 
 def run_server(cfg: Config) -> int:
@@ -143,6 +160,7 @@ async def _serve(launch: Launch) -> int:
         return serving.result() or (0 if state.shutting_down else 1)
     tokenizer, model = ready
     state.tm = launch.tokenizer_manager(tokenizer, model, state.metrics)
+    _log_parsers(cfg, tokenizer)
     state.ready = True
     gc.collect()
     gc.freeze()  # start-up objects (app, tokenizer) are never scanned again: see runtime/child.py

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.tokenizer.generate_input import RequestError
+from server.errors import no_reasoning_parser
 from server.parsers import BaseReasoningParser, create_reasoning_parser
 
 ASKS = ("separate_reasoning", "stream_reasoning", "thinking_budget")
@@ -34,11 +35,6 @@ class ReasoningPlan:
         return create_reasoning_parser(self.parser) if self.parser and self.separate else None
 
 
-def no_parser_error(param: str) -> RequestError:
-    return RequestError(f"'{param}' needs a reasoning parser: start the server with --reasoning-parser NAME "
-                        "(e.g. qwen3, deepseek-r1)", param, "unsupported_parameter")
-
-
 def plan_reasoning(data: dict[str, Any], server_parser: str | None, template_kwargs: dict | None
                    ) -> ReasoningPlan:
     """The plan for a request body (`data`: its JSON object)."""
@@ -53,7 +49,7 @@ def plan_reasoning(data: dict[str, Any], server_parser: str | None, template_kwa
     if server_parser is None:
         asked = next((k for k in ASKS if data.get(k) not in (None, False)), None)
         if asked is not None:
-            raise no_parser_error(asked)
+            raise no_reasoning_parser(asked)
         return ReasoningPlan(None)
     if not create_reasoning_parser(server_parser).thinking_on(template_kwargs):
         return ReasoningPlan(None)
@@ -65,12 +61,4 @@ def thinking_params(plan: ReasoningPlan) -> dict[str, Any]:
     """Sampling-params entries that make the runtime apply a constraint only after the thinking."""
     if plan.parser is None:
         return {}
-    p = create_reasoning_parser(plan.parser)
-    out: dict[str, Any] = {"think_end": p.think_end}
-    if not p.starts_in_reasoning():
-        out["think_start"] = p.fmt.start
-    if plan.budget is not None:
-        out["thinking_budget"] = plan.budget
-    if p.special_tokens:
-        out["skip_special_tokens"] = False
-    return out
+    return create_reasoning_parser(plan.parser).sampling_params(plan.budget)

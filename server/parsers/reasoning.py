@@ -69,6 +69,19 @@ class BaseReasoningParser:
     def starts_in_reasoning(self) -> bool:
         return self.fmt.starts_in_reasoning
 
+    def sampling_params(self, budget: int | None = None) -> dict[str, object]:
+        """The runtime's sampling params for a thinking request: its constraint applies after `think_end`
+        (`think_start`: the model may open the thinking or answer at once), at most `budget` thinking tokens,
+        special-token markers kept in the text."""
+        out: dict[str, object] = {"think_end": self.think_end}
+        if not self.fmt.starts_in_reasoning:
+            out["think_start"] = self.fmt.start
+        if budget is not None:
+            out["thinking_budget"] = budget
+        if self.fmt.special_tokens:
+            out["skip_special_tokens"] = False
+        return out
+
     def feed(self, delta: str) -> ReasoningResult:
         raise NotImplementedError
 
