@@ -72,6 +72,12 @@ class Grammar(ABC):
     def jump_forward(self) -> str | None:
         """Text every continuation from here must start with (whole UTF-8 characters), or None if none is."""
 
+    @property
+    def free_prefix(self) -> int | None:
+        """Output tokens before the constrained text (a thinking model's reasoning, runtime/constrained/thinking.py);
+        None while the output is still free. Plain grammars constrain from the first token."""
+        return 0
+
     def replace_tail(self, rollback: int, new_ids: Sequence[int]) -> None:
         """Jump-forward bookkeeping: drop `rollback` trailing tokens, then accept `new_ids`; all or nothing
         (ValueError with the state unchanged when the grammar does not accept them)."""

@@ -118,6 +118,10 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             raise ValueError("stop cannot contain an empty string")
         if sum(x is not None for x in self.constraints) > 1:
             raise ValueError("only one of regex, json_schema, ebnf, structural_tag and choices may be set")
+        if self.think_end == "" or self.think_start == "" or (self.think_start and self.think_end is None):
+            raise ValueError("think_end must be a non-empty marker (think_start needs it)")
+        if self.thinking_budget is not None and (self.thinking_budget < 0 or self.think_end is None):
+            raise ValueError("thinking_budget must be at least 0 and needs think_end")
         if any(t < 0 or (vocab_size is not None and t >= vocab_size) for t in self.stop_token_ids):
             raise ValueError("stop_token_ids must be valid token ids")
         for key, bias in (self.logit_bias or {}).items():

@@ -179,7 +179,8 @@ class Req:
         """A JSON-schema request whose token after the next `ahead` falls in its closing window
         (`--json-close-reserve`, runtime/constrained/closing.py)."""
         return bool(reserve) and self.grammar is not None and self.sampling_params.json_schema is not None and (
-            self.remaining_new_tokens - ahead <= window(self.max_new_tokens, reserve))
+            self.remaining_new_tokens - ahead <= window(self.max_new_tokens, reserve)) and (
+            self.grammar.free_prefix is not None)  # not while a thinking model still thinks
 
     @property
     def wants_input_logprobs(self) -> bool:

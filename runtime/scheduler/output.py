@@ -179,7 +179,8 @@ class ResultProcessor:
         if self._closers is None:
             self._closers = Closers(logits.shape[1], self.token_bytes)
         tb = self.token_bytes
-        inside = [in_string(b"".join(tb(t) for t in reqs[b].output_ids)) for b in rows]
+        inside = [in_string(b"".join(tb(t) for t in reqs[b].output_ids[reqs[b].grammar.free_prefix or 0:]))
+                  for b in rows]  # the answer only: a thinking model's reasoning is no JSON
         for b, narrowed in zip(rows, self._closers.restrict(logits, rows, inside), strict=True):
             reqs[b].grammar_state.budget_closed |= narrowed
 

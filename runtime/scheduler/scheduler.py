@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from runtime.config import Config, resolve
-from runtime.constrained.seam import BaseGrammarBackend, CompileFuture
+from runtime.constrained.seam import BaseGrammarBackend, CompileFuture, Grammar
+from runtime.constrained.thinking import ThinkingVocab, wrap_thinking
 from runtime.executor.forward_batch import ForwardBatch
 from runtime.executor.memory import ReqToTokenTable, SlotAllocator
 from runtime.messages import (
@@ -113,6 +114,8 @@ class Scheduler:
                       "mixed_steps": 0, "stall_steps": 0, "num_preempted_reqs": 0,
                       **{f"stall_steps_{r}": 0 for r in STALL_REASONS}}
         self._retracted_now: list[Req] = []
+        self._token_bytes, self._thinking_vocab = token_bytes_fn, None  # thinking requests' marker tables
+        self.eos_ids = frozenset(eos_ids)
         self._expect: list[tuple[Req, int]] = []
         self.last_forward: tuple[bool, float] | None = None  # set by forward(), read and cleared by the loop
 
@@ -151,6 +154,11 @@ class Scheduler:
                 req.grammar_state.future, req.grammar_state.wait_since = fut, time.monotonic()
                 self.grammar_queue.append(req)
                 return None
+        elif p.thinking_budget is not None:  # unconstrained, but its thinking is bounded
+            try:
+                req.grammar = self._with_thinking(None, p)
+            except ValueError as e:
+                return self._finish_abort(req, str(e))
         self.waiting.append(req)
         return None
 
@@ -359,12 +367,27 @@ class Scheduler:
                 if compiled is None:
                     self._finish_abort(req, "invalid grammar")
                     continue
-                req.grammar = compiled.copy()
+                try:
+                    req.grammar = self._with_thinking(compiled.copy(), req.sampling_params)
+                except ValueError as e:
+                    self._finish_abort(req, str(e))
+                    continue
                 self.waiting.append(req)
             elif time.monotonic() - req.grammar_state.wait_since > timeout:
                 self.grammar_queue.remove(req)
                 fut.cancel()
                 self._finish_abort(req, f"grammar compilation timed out after {timeout:g} s")
+
+    def _with_thinking(self, inner: Grammar | None, p: SamplingParams) -> Grammar | None:
+        """A thinking request's grammar: free thinking, then `inner` (runtime/constrained/thinking.py)."""
+        if p.think_end is None:
+            return inner
+        if self._thinking_vocab is None:
+            if self._token_bytes is None:
+                raise ValueError("think_end needs the tokenizer's token bytes (this scheduler has none)")
+            self._thinking_vocab = ThinkingVocab(self._token_bytes, self.runner.vocab_size)
+        return wrap_thinking(inner, self._thinking_vocab, self.eos_ids, p.think_end, p.think_start,
+                             p.thinking_budget, p.max_new_tokens)
 
     # ---- output -----------------------------------------------------------------------------------------------
     def _finish_abort(self, req: Req, message: str) -> None:
