@@ -152,7 +152,7 @@ def _tool_calls(v: Any, param: str) -> list[dict[str, Any]]:
 
 
 def tokenize_chat(body: P.Body, state: ServerState, tm: TokenizerManager, messages: list[dict],
-              plan: T.ToolPlan) -> list[int]:
+                  plan: T.ToolPlan, tool_format: str | None = None) -> list[int]:
     """The prompt's token ids, with the template options a chat body may set (chat_template_kwargs,
     continue_final_message, add_generation_prompt)."""
     kwargs = body.raw("chat_template_kwargs") or {}
@@ -165,20 +165,22 @@ def tokenize_chat(body: P.Body, state: ServerState, tm: TokenizerManager, messag
     add_gen = body.boolean("add_generation_prompt", not cont)
     if cont and messages[-1]["role"] != "assistant":
         raise RequestError("continue_final_message needs a final assistant message", "continue_final_message")
-    return render_chat(state, tm, messages, plan, add_gen, cont, kwargs)
+    return render_chat(state, tm, messages, plan, add_gen, cont, kwargs, tool_format)
 
 
 def render_chat(state: ServerState, tm: TokenizerManager, messages: list[dict], plan: T.ToolPlan,
                 add_generation_prompt: bool = True, continue_final: bool = False,
-                template_kwargs: dict[str, Any] | None = None) -> list[int]:
+                template_kwargs: dict[str, Any] | None = None, tool_format: str | None = None) -> list[int]:
     """Normalized chat messages (parse_messages' shape) and a tool plan -> the prompt's token ids, rendered by
-    the chat template (control tokens come only from it). Every chat-shaped route tokenizes through here."""
+    the chat template (control tokens come only from it). Every chat-shaped route tokenizes through here.
+    `tool_format`: the tool-call format whose call spelling the tool prompt shows (None: generic JSON)."""
     chars = sum(len(m.get("content") or "") for m in messages)
     if chars > 32 * tm.context_len:
         raise RequestError(f"the messages are far longer than the context ({tm.context_len} tokens)", "messages",
                            "context_length_exceeded")
     template = chat_template(state, tm)
-    msgs, tool_specs = T.prompt_messages(messages, plan, T.template_supports_tools(template))
+    msgs, tool_specs = T.prompt_messages(messages, plan, T.template_supports_tools(template),
+                                         F.call_example(tool_format))
     if not T.template_supports_tools(template):
         msgs = [{**m, "content": m.get("content") or ""} for m in msgs]
     try:
@@ -227,7 +229,7 @@ async def chat_completions(request: Request) -> Response:
             raise RequestError(f"{what} constrains the output to tool calls; it cannot be combined with "
                                f"'{cons_param}'", "tool_choice" if plan.constrained else "tools", "invalid_value")
         cons, cons_param = tool_cons, "tools"
-    ids = tokenize_chat(body, state, tm, messages, plan)
+    ids = tokenize_chat(body, state, tm, messages, plan, output.tool_format)
     sp.update(cons, n=n)
     sp.update(thinking_sampling(output, sp))
     if max_new is not None:

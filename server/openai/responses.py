@@ -99,7 +99,7 @@ async def create_response(request: Request) -> Response:
     max_new = body.integer("max_output_tokens", 1)
     if max_new is not None:
         sp["max_new_tokens"] = max_new
-    ids = tokenize_chat(body, state, tm, messages, plan)
+    ids = tokenize_chat(body, state, tm, messages, plan, output.tool_format)
     rid = f"resp_{uuid.uuid4().hex}"
     names = OpenAINames(prompt="input", max_tokens="max_output_tokens", constraint=cons_param)
     handle = tm.submit(GenerateRequest(input_ids=ids, sampling_params=sp, rid=rid, stream=stream, openai=names))

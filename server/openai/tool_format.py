@@ -72,3 +72,13 @@ def constraint(plan: T.ToolPlan, fmt: str | None, parallel: bool) -> dict[str, s
         if parser is not None:
             spec["separator"] = parser.call_separator()
     return {"structural_tag": json.dumps(spec, separators=(",", ":"))}
+
+
+def call_example(fmt: str | None) -> str | None:
+    """How a call is written in this format, for the tool prompt of a template that does not render tools."""
+    if fmt is None:
+        return None
+    t = create_tool_parser(fmt, set()).call_template("<function name>")
+    if t is None:
+        return "[<function name>(<argument>=<value>, ...)]"
+    return t.begin.replace('"<function name>"', "<function name>") + "<object of arguments>" + t.end

@@ -137,8 +137,10 @@ def template_supports_tools(template: str) -> bool:
     return "tools" in template
 
 
-def prompt_messages(messages: list[dict], plan: ToolPlan, native: bool) -> tuple[list[dict], list | None]:
-    """(messages, tools) for the chat template. `native`: the template renders tools and tool turns itself."""
+def prompt_messages(messages: list[dict], plan: ToolPlan, native: bool, example: str | None = None
+                    ) -> tuple[list[dict], list | None]:
+    """(messages, tools) for the chat template. `native`: the template renders tools and tool turns itself.
+    `example`: how a call is written in the server's tool-call format (default: radixgen's JSON object)."""
     if native:
         msgs = [_native_message(m) for m in messages]
         return msgs, [t.spec for t in plan.tools] if plan.mode != "none" and plan.tools else None
@@ -148,6 +150,9 @@ def prompt_messages(messages: list[dict], plan: ToolPlan, native: bool) -> tuple
     functions = "\n".join(json.dumps({"name": t.name, "description": t.description or "",
                                       "parameters": t.parameters}) for t in plan.tools)
     text = TOOL_PROMPT.format(functions=functions)
+    if example is not None:
+        text = text.replace('a JSON object of the form {"name": <function name>, "arguments": <object of arguments>}',
+                            example)
     if plan.mode == "named":
         text += " " + NAMED_PROMPT.format(name=plan.named)
     elif plan.mode == "required":
