@@ -27,6 +27,7 @@ from frontend_lang.api import (
     get_server_info,
     image,
     select,
+    separate_reasoning,
     set_default_backend,
     system,
     system_begin,
@@ -64,7 +65,8 @@ __all__ = [
     "ProgramStateGroup", "Runtime", "RuntimeEndpoint", "assistant", "assistant_begin", "assistant_end",
     "flush_cache", "function", "gen", "gen_int", "gen_string", "get_chat_template",
     "get_chat_template_by_model_path", "get_server_info", "global_config", "greedy_token_selection", "image",
-    "register_chat_template", "register_chat_template_matching_function", "select", "set_default_backend",
+    "register_chat_template", "register_chat_template_matching_function", "select", "separate_reasoning",
+    "set_default_backend",
     "system", "system_begin", "system_end", "token_length_normalized", "unconditional_likelihood_normalized",
     "user", "user_begin", "user_end",
 ]

@@ -73,6 +73,17 @@ def gen(
     return ir.Gen(name, params)
 
 
+def separate_reasoning(expr: Any = None, model_type: str | None = None) -> ir.Expr:
+    """SGLang's `separate_reasoning(gen("answer", ...), model_type="deepseek-r1")`: after the gen, `s["answer"]`
+    holds the answer and `s["answer_reasoning_content"]` the thinking, split by the server's reasoning parser
+    `model_type` (POST /separate_reasoning); a constraint on the gen (regex, json_schema) applies only after the
+    thinking. Needs a RuntimeEndpoint backend."""
+    if expr is None or model_type is None:
+        raise ValueError("separate_reasoning needs an expression (a named gen) and a model_type")
+    inner = ir.as_expr(expr)
+    return ir.ExprList([inner, ir.SeparateReasoning(model_type, inner)])
+
+
 def gen_int(name: str | None = None, **kwargs: Any) -> ir.Expr:
     return gen(name, dtype=int, **kwargs)
 

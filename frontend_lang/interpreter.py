@@ -155,6 +155,8 @@ class StreamExecutor:
             self._fill(self.chat_template.image_token or "")
         elif isinstance(expr, ir.CommitLazy):
             self.backend.commit_lazy_operations(self)
+        elif isinstance(expr, ir.SeparateReasoning):
+            self._execute_separate_reasoning(expr)
         else:
             raise TypeError(f"unknown program node {expr!r}")
 
@@ -203,6 +205,16 @@ class StreamExecutor:
                 self.stream_var_event[name].set()
             self.stream_text_event.set()
         self._set_var(name, ir.convert_dtype(acc, params.dtype), meta)
+
+    def _execute_separate_reasoning(self, expr: ir.SeparateReasoning) -> None:
+        """Split the gen's variable by the server's reasoning parser; the program text keeps the raw output.
+        In a streamed run the variable stays whole and the reasoning variable empty (as SGLang's frontend)."""
+        if self.stream:
+            self._set_var(expr.name, "", None)
+            return
+        reasoning, content = self.backend.separate_reasoning(self.variables[expr.target], expr.model_type)
+        self.variables[expr.target] = content
+        self._set_var(expr.name, reasoning, None)
 
     def _execute_select(self, expr: ir.Select) -> None:
         decision = self.backend.select(self, expr.choices, expr.temperature, expr.choices_method)

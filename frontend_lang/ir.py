@@ -87,6 +87,7 @@ class SamplingParams:
     dtype: str | None = None
     regex: str | None = None
     json_schema: str | None = None
+    reasoning_parser: str | None = None  # set by separate_reasoning: the server applies a constraint after thinking
 
     def merged_over(self, defaults: SamplingParams) -> SamplingParams:
         """A copy of `defaults` with this object's non-None fields on top."""
@@ -196,6 +197,27 @@ class Select(Expr):
         return f"Select({self.name!r}, {self.choices!r})"
 
 
+class SeparateReasoning(Expr):
+    """After `expr` (a named gen or select) ran: split its variable into the answer (kept under its name) and the
+    thinking (`<name>_reasoning_content`), with the server's reasoning parser `model_type` (SGLang's API)."""
+
+    def __init__(self, model_type: str, expr: Expr) -> None:
+        target = next((e for e in _flatten(expr) if isinstance(e, (Gen, Select)) and e.name), None)
+        if target is None:
+            raise ValueError("separate_reasoning needs a named gen or select")
+        self.model_type, self.expr, self.target = model_type, expr, target.name
+        self.name = f"{target.name}_reasoning_content"
+        if isinstance(target, Gen):
+            target.params.reasoning_parser = model_type  # its constraint applies after the thinking
+
+    def __repr__(self) -> str:
+        return f"SeparateReasoning({self.model_type!r}, {self.target!r})"
+
+
+def _flatten(expr: Expr) -> list[Expr]:
+    return [x for e in expr.items for x in _flatten(e)] if isinstance(expr, ExprList) else [expr]
+
+
 class RoleBegin(Expr):
     def __init__(self, role: str) -> None:
         self.role = role
@@ -236,7 +258,7 @@ def output_names(expr: Expr) -> list[str]:
     """Variables an expression will produce (the interpreter makes their events before running it)."""
     if isinstance(expr, (Gen, Select)) and expr.name is not None:
         return [expr.name]
-    if isinstance(expr, VarScopeBegin):
+    if isinstance(expr, (VarScopeBegin, SeparateReasoning)):
         return [expr.name]
     if isinstance(expr, ExprList):
         return [n for e in expr.items for n in output_names(e)]

@@ -4,6 +4,7 @@
 thinks (its constraint applies after the end-of-thinking marker, `thinking_budget` in sampling_params bounds
 it) and each result's `text` is the answer, `reasoning_text` the thinking. Streamed results stay cumulative,
 as /generate's are: the split is made by one incremental parser per sample, so a chunk's texts only grow.
+A body-level `reasoning_parser` makes the request think in that parser's format without splitting its text.
 /separate_reasoning `{"text", "reasoning_parser"?}` -> `{"text", "reasoning_text"}` splits a finished text
 (SGLang's route; the parser defaults to the server's).
 """
@@ -25,14 +26,28 @@ router = APIRouter()
 
 def reasoning_of(body: Any, server_parser: str | None) -> str | None:
     """The parser name when the body asks for separate_reasoning (400 without a server parser), else None.
-    Adds the thinking sampling params to every prompt's sampling_params."""
-    if not isinstance(body, dict) or body.get("separate_reasoning") in (None, False):
+    The thinking sampling params (constraint after the thinking) go into every prompt's sampling_params, for
+    separate_reasoning and for a body-level `reasoning_parser` (a parser name: the request thinks in that
+    format, its text is returned whole; what frontend_lang's separate_reasoning sends)."""
+    if not isinstance(body, dict):
         return None
-    if body["separate_reasoning"] is not True:
+    named = body.get("reasoning_parser")
+    if named is not None and named not in REASONING_PARSERS:
+        raise RequestError(f"unknown reasoning_parser {named!r}"[:200] + f" (one of {', '.join(REASONING_PARSERS)})",
+                           "reasoning_parser", "invalid_value")
+    separate = body.get("separate_reasoning")
+    if separate not in (None, True, False):
         raise RequestError("'separate_reasoning' must be a boolean", "separate_reasoning", "invalid_type")
-    if server_parser is None:
+    if separate and server_parser is None:
         raise no_reasoning_parser("separate_reasoning")
-    extra = create_reasoning_parser(server_parser).sampling_params()
+    name = server_parser if separate else named
+    if name is None:
+        return None
+    _add_thinking(body, create_reasoning_parser(name).sampling_params())
+    return server_parser if separate else None
+
+
+def _add_thinking(body: dict, extra: dict[str, Any]) -> None:
     sps = body.get("sampling_params")
     for sp in sps if isinstance(sps, list) else [sps]:
         if isinstance(sp, dict):
@@ -40,7 +55,6 @@ def reasoning_of(body: Any, server_parser: str | None) -> str | None:
                 sp.setdefault(k, v)
     if sps is None:
         body["sampling_params"] = dict(extra)
-    return server_parser
 
 
 class CumulativeSplit:

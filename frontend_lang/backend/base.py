@@ -52,6 +52,10 @@ class BaseBackend:
                choices_method: ChoicesSamplingMethod) -> ChoicesDecision:
         raise NotImplementedError
 
+    def separate_reasoning(self, text: str, model_type: str) -> tuple[str, str]:
+        """(reasoning, answer) of a finished output, by the server's reasoning parser `model_type`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot separate reasoning: use a RuntimeEndpoint")
+
     # Server control.
     def flush_cache(self) -> None:
         pass

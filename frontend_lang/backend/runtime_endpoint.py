@@ -77,6 +77,8 @@ class RuntimeEndpoint(BaseBackend):
             value = getattr(params, key)
             if value is not None:
                 body[key] = value
+        if params.reasoning_parser is not None:  # the gen's constraint applies after the thinking
+            body["reasoning_parser"] = params.reasoning_parser
         return body
 
     def generate(self, s: Any, sampling_params: ir.SamplingParams) -> tuple[str, dict]:
@@ -94,6 +96,10 @@ class RuntimeEndpoint(BaseBackend):
             pos = len(text)
             _raise_if_aborted(event.get("meta_info", {}), self.base_url)
             yield delta, event.get("meta_info", {})
+
+    def separate_reasoning(self, text: str, model_type: str) -> tuple[str, str]:
+        out = self.http.post_json("/separate_reasoning", {"text": text, "reasoning_parser": model_type})
+        return out["reasoning_text"], out["text"]
 
     # ------------------------------------------------------------------ select
     def select(self, s: Any, choices: list[str], temperature: float,

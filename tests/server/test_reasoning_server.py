@@ -205,3 +205,23 @@ def test_unknown_parser_flag_fails_start_up():
         assert proc.proc.returncode != 0 and "invalid choice" in proc.output
     finally:
         proc.stop()
+
+
+def test_frontend_program_with_separate_reasoning(servers):
+    """SGLang's frontend API in radixgen's frontend_lang: `separate_reasoning(gen(...), model_type)` splits the
+    gen's variable, and its json_schema applies after the thinking (the server forces the marker at the cap)."""
+    import frontend_lang as fl
+
+    a, _ = servers
+
+    @fl.function
+    def city(s):
+        s += fl.user("Name a large city and its population.")
+        s += fl.assistant(fl.separate_reasoning(fl.gen("answer", max_tokens=60, temperature=0, json_schema=SCHEMA),
+                                                model_type="deepseek-r1"))
+
+    state = city.run(backend=fl.RuntimeEndpoint(a.url))
+    assert state.error() is None, repr(state.error())
+    assert state["answer_reasoning_content"] and "</think>" not in state["answer"]
+    jsonschema.validate(json.loads(state["answer"]), SCHEMA)
+    assert "</think>" in state.text()  # the program's text keeps the raw output
