@@ -12,6 +12,7 @@ import pytest
 
 from runtime.config import GrammarConfig
 from runtime.constrained.llguidance_backend import grammar_text
+from runtime.messages import FinishStop
 from runtime.tokenizer.generate_input import RequestError
 from server.openai import tool_format as F
 from server.openai import tools as T
@@ -22,7 +23,7 @@ from server.openai.streaming import ChatStream
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
-STOP = {"type": "stop", "matched": 2}
+STOP = FinishStop(matched=2)
 
 
 class CumulativeHandle:
