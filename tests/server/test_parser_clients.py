@@ -78,3 +78,30 @@ def test_openai_client_reads_reasoning_and_tool_calls(server, tok):
         assert [tuple(v) for _, v in sorted(streamed.items())] == calls, output
         for args in (a for _, a in calls):
             json.loads(args)
+
+
+LANGCHAIN_CALLS = {"qwen25": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+                   "mistral": '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]'}
+
+
+def test_langchain_bind_tools(server, tok):
+    """LangChain's ChatOpenAI with bind_tools reads the calls of two formats (qwen25, mistral) as tool_calls."""
+    fmt, s = server
+    if fmt not in LANGCHAIN_CALLS:
+        pytest.skip("LangChain is checked on two formats: qwen25 and mistral")
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return "sunny"
+
+    output = THINK[PAIRS[fmt]][0] + LANGCHAIN_CALLS[fmt]
+    n = len(tok.encode(output, add_special_tokens=False))
+    llm = ChatOpenAI(model="default", base_url=s.url + "/v1", api_key="none", max_tokens=n, temperature=0,
+                     max_retries=0, timeout=60)
+    msg = llm.bind_tools([get_weather]).invoke(output)
+    assert [(c["name"], c["args"]) for c in msg.tool_calls] == [("get_weather", {"city": "Paris"})]
+    assert msg.tool_calls[0]["id"].startswith("call_")
+    assert get_weather.invoke(msg.tool_calls[0]["args"]) == "sunny"
