@@ -38,7 +38,7 @@ def servers():
                    "ngram", "--max-total-tokens", "8192", "--grammar-compile-timeout", "120", "--log-level", "info")
     b = ServerProc("--max-total-tokens", "8192", "--grammar-compile-timeout", "120", "--log-level", "warning")
     try:
-        yield a.wait_ready(), b.wait_ready()
+        yield a.wait_ready(600), b.wait_ready(600)  # a shared, loaded CPU can take minutes
     finally:
         a.stop()
         b.stop()
