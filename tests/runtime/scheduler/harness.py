@@ -76,13 +76,14 @@ class FakeRunner:
 
 
 def create_scheduler(num_slots: int = 512, max_running: int = 8, mode: str = "hash", eos=frozenset(), decode_fn=None,
-         grammar_backend=None, max_context: int = 256, **cfg):
+         grammar_backend=None, max_context: int = 256, token_bytes_fn=None, **cfg):
     table = ReqToTokenTable(max_running, max_context)
     runner = FakeRunner(table, num_slots, mode)
     alloc = PoisonAllocator(num_slots, runner.kv)
     config = make_config(max_total_tokens=num_slots, max_running_requests=max_running,
                          strict_memory_check=True, **cfg)
-    sched = Scheduler(runner, alloc, table, config, frozenset(eos), decode_fn, grammar_backend)
+    sched = Scheduler(runner, alloc, table, config, frozenset(eos), decode_fn, grammar_backend,
+                      token_bytes_fn=token_bytes_fn)
     # Per step: (no extend rows, then the extend rows' rids, cached_len and extend_len); `steps` keeps whole
     # batches as (num_decode, rids, cached_len, extend_len) over every row.
     batches: list[tuple[bool, list[str], list[int], list[int]]] = []
