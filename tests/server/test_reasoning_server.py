@@ -169,7 +169,7 @@ def test_strict_tool_in_auto_mode_and_streamed_calls(servers):
     strict = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
     calls: dict[int, dict] = {}
     kw = dict(model="default", messages=[{"role": "user", "content": "Weather in Rome? Use the tool."}],
-              tools=[strict], max_tokens=100, temperature=0, extra_body={"thinking_budget": 6})
+              tools=[strict], max_tokens=50, temperature=0, extra_body={"thinking_budget": 6})
     for chunk in _oai(a).chat.completions.create(stream=True, **kw):
         for c in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
             entry = calls.setdefault(c.index, {"name": "", "arguments": ""})
