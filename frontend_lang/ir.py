@@ -205,6 +205,7 @@ class SeparateReasoning(Expr):
         target = next((e for e in _flatten(expr) if isinstance(e, (Gen, Select)) and e.name), None)
         if target is None:
             raise ValueError("separate_reasoning needs a named gen or select")
+        assert target.name is not None
         self.model_type, self.expr, self.target = model_type, expr, target.name
         self.name = f"{target.name}_reasoning_content"
         if isinstance(target, Gen):

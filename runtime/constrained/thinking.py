@@ -94,7 +94,7 @@ class ThinkingVocab:
         self.vocab_size = vocab_size
         self.bytes: list[bytes | None] = [_token_bytes(token_bytes, i) for i in range(vocab_size)]
         self.all_bits = _pack(torch.ones(vocab_size, dtype=torch.bool))
-        self.space = torch.tensor([bool(b) and not b.strip() for b in self.bytes], dtype=torch.bool)
+        self.space = torch.tensor([b is not None and b != b"" and not b.strip() for b in self.bytes], dtype=torch.bool)
         self.space_bits = _pack(self.space)
         self._markers: dict[bytes, Marker] = {}
 

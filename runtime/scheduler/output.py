@@ -179,7 +179,7 @@ class ResultProcessor:
         if self._closers is None:
             self._closers = Closers(logits.shape[1], self.token_bytes)
         tb = self.token_bytes
-        inside = [in_string(b"".join(tb(t) for t in reqs[b].output_ids[reqs[b].grammar.free_prefix or 0:]))
+        inside = [in_string(b"".join(tb(t) for t in reqs[b].output_ids[_answer_start(reqs[b]):]))
                   for b in rows]  # the answer only: a thinking model's reasoning is no JSON
         for b, narrowed in zip(rows, self._closers.restrict(logits, rows, inside), strict=True):
             reqs[b].grammar_state.budget_closed |= narrowed
@@ -229,3 +229,8 @@ class ResultProcessor:
         req.output_ids.extend(ids)
         req.grammar_state.jump_tokens = len(ids)
         check_finished(req, self.eos_ids, self.decode_fn)
+
+
+def _answer_start(req: Req) -> int:
+    """Output tokens before the constrained answer (a thinking model's reasoning; 0 for plain grammars)."""
+    return (req.grammar.free_prefix or 0) if req.grammar is not None else 0

@@ -114,7 +114,8 @@ class Scheduler:
                       "mixed_steps": 0, "stall_steps": 0, "num_preempted_reqs": 0,
                       **{f"stall_steps_{r}": 0 for r in STALL_REASONS}}
         self._retracted_now: list[Req] = []
-        self._token_bytes, self._thinking_vocab = token_bytes_fn, None  # thinking requests' marker tables
+        self._token_bytes = token_bytes_fn
+        self._thinking_vocab: ThinkingVocab | None = None  # thinking requests' marker tables, built on first use
         self.eos_ids = frozenset(eos_ids)
         self._expect: list[tuple[Req, int]] = []
         self.last_forward: tuple[bool, float] | None = None  # set by forward(), read and cleared by the loop

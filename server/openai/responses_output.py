@@ -129,7 +129,7 @@ class ResponseStream:
                 yield ev
 
     def _final(self, text: str, found: list[dict[str, Any]], splitter: OutputSplitter, streaming: bool,
-               msg_id: str | None, fr: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, Any]]:
+               msg_id: str | None, fr: FinishReason, meta: dict[str, Any]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         status, _ = status_of(fr)
         if splitter.tp is not None:

@@ -105,7 +105,8 @@ class ThinkReasoningParser(BaseReasoningParser):
 
     def feed(self, delta: str) -> ReasoningResult:
         self._buf += delta
-        reasoning, content = [], []
+        reasoning: list[str] = []
+        content: list[str] = []
         while True:
             if self._state == "undecided":
                 if not self._decide():
