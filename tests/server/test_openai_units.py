@@ -316,13 +316,16 @@ def test_stream_required_call_cut_short_without_parallel_calls_is_content():
     import asyncio
 
     from runtime.messages import FinishLength
+    from server.openai.chat_output import OutputPlan
+    from server.openai.reasoning import ReasoningPlan
     from server.openai.streaming import ChatStream
 
     text = '{"name": "get_wea'  # a required call cut by max_tokens: it does not parse
+    output = OutputPlan(T.parse_tools([WEATHER], "required"), ReasoningPlan(None), None, parallel=False)
     stream = ChatStream(FakeHandle([(0, text, FinishLength(length=5))]),
                         {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1, "model": "m",
                          "system_fingerprint": None},
-                        1, T.parse_tools([WEATHER], "required"), None, 0, False, None, parallel=False)
+                        1, output, None, 0, False, lambda metas: {})
 
     async def run():
         return [ev async for ev in stream.events()]
