@@ -31,6 +31,8 @@ from server.openai import common as C
 from server.openai import params as P
 from server.openai import tools as T
 from server.openai.chat import render_chat
+from server.openai.chat_output import OutputPlan
+from server.openai.reasoning import ReasoningPlan
 from server.openai.streaming import ChatStream, sse_response
 
 router = APIRouter()
@@ -97,8 +99,8 @@ async def create_message(request: Request) -> Response:
             first, items = await until_disconnect(request, _peek(handle))
         except ClientGone:
             return Response(status_code=499)
-        chunks = ChatStream(items, {}, 1, plan, None, 0, True, lambda metas: R.usage(state, metas[0]),
-                            parallel).events()
+        output = OutputPlan(plan, ReasoningPlan(None), None, parallel)  # generic tool reading, no reasoning
+        chunks = ChatStream(items, {}, 1, output, None, 0, True, lambda metas: R.usage(state, metas[0])).events()
         start = {**snapshot, "usage": R.usage(state, first["meta_info"])}
         events = MessageStream(chunks, start, plan.mode == "named" and bool(plan.tools), stops).events()
         return sse_response(events, named=True, done=False,
