@@ -19,6 +19,8 @@ from server.anthropic import tools as AT
 from server.anthropic.routes import _peek
 from server.anthropic.streaming import MessageStream
 from server.errors import anthropic_error_body, envelope
+from server.openai.chat_output import OutputPlan
+from server.openai.reasoning import ReasoningPlan
 from server.openai.streaming import ChatStream, guarded
 
 SRV = ServerConfig()
@@ -233,8 +235,9 @@ async def _scripted(results: list[dict]):
 def _events(results: list[dict], tools=None, stops=()) -> list[dict]:
     plan, parallel = tools or AT.parse(None, None)
     state = type("S", (), {"cfg": type("C", (), {"server": SRV})()})()
-    chunks = ChatStream(_scripted(results), {}, 1, plan, None, 0, True, lambda metas: R.usage(state, metas[0]),
-                        parallel).events()
+    output = OutputPlan(plan, ReasoningPlan(None), None, parallel)
+    chunks = ChatStream(_scripted(results), {}, 1, output, None, 0, True,
+                        lambda metas: R.usage(state, metas[0])).events()
     start = {**R.message("msg_1", "m"), "usage": R.usage(state, results[0]["meta_info"])}
     stream = MessageStream(chunks, start, plan.mode == "named", list(stops))
 
