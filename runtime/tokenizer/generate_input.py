@@ -138,7 +138,9 @@ def _prompts(body: dict) -> tuple[list[str | None], list[list[int] | None], bool
 
 # The /generate keys radixgen serves (SGLang's GenerateReqInput names).
 GENERATE_KEYS = frozenset({"text", "input_ids", "sampling_params", "rid", "stream", "return_logprob",
-                           "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "priority"})
+                           "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "priority",
+                           # read by the route before this (server/native_reasoning.py)
+                           "separate_reasoning", "reasoning_parser"})
 # SGLang fields that only label or log a request (sglang-router fills them in on every /generate): accepted.
 GENERATE_INFORMATIONAL = frozenset({"model", "log_metrics", "no_logs"})
 # SGLang /generate keys that change what a request means and that radixgen does not serve: refused (400 naming
