@@ -4,8 +4,8 @@ radixgen's sampling params (through the OpenAI routes' validators, server/openai
 Served: `model`, `messages`, `system`, `max_tokens` (required), `temperature` [0, 1], `top_p` (0, 1], `top_k`
 (0: off), `stop_sequences`, `metadata` (`user_id` checked, then unused), `stream`, `tools`, `tool_choice`,
 `service_tier`, `cache_control` (the radix cache reuses prefixes by itself) and `output_config.format`
-(`{"type": "json_schema", "schema"}`: a JSON-schema constraint). `thinking` other than disabled needs a
-reasoning parser (`--reasoning-parser`), which this server does not have. Any other parameter, and those
+(`{"type": "json_schema", "schema"}`: a JSON-schema constraint). `thinking` (enabled or adaptive, with
+`budget_tokens`) needs the server's reasoning parser (`--reasoning-parser`; `thinking_plan`). Any other parameter, and those
 asking for what radixgen does not do (`container`, `mcp_servers`, `context_management`, an effort level), is
 a 400 naming it.
 """
@@ -16,7 +16,9 @@ from typing import Any
 
 from runtime.config import ServerConfig
 from runtime.tokenizer.generate_input import RequestError
+from server.errors import no_reasoning_parser
 from server.openai import params as P
+from server.openai.reasoning import ReasoningPlan
 
 KNOWN = frozenset({
     "model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "metadata",
@@ -66,17 +68,28 @@ def _check_metadata(v: Any) -> None:
 
 
 def check_thinking(v: Any) -> None:
-    """Thinking blocks need a reasoning parser to split the model's reasoning from its answer."""
+    """`thinking`: {"type": enabled | adaptive | disabled, "budget_tokens": a positive integer (enabled)}."""
     if v is None:
         return
     kind = v.get("type") if isinstance(v, dict) else None
     if kind not in _THINKING:
         raise RequestError(f"'thinking.type' must be one of {', '.join(_THINKING)}; got {kind!r}"[:200],
                            "thinking.type")
-    if kind != "disabled":
-        raise RequestError("'thinking': this server runs no reasoning parser, so it cannot return thinking "
-                           "blocks (start it with --reasoning-parser for a reasoning model)", "thinking",
-                           "unsupported_parameter")
+    budget = v.get("budget_tokens")
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
+        raise RequestError("'thinking.budget_tokens' must be a positive integer", "thinking.budget_tokens",
+                           "invalid_value")
+
+
+def thinking_plan(v: Any, server_parser: str | None) -> ReasoningPlan:
+    """How a (checked) `thinking` request thinks: enabled or adaptive splits the reasoning out with the server's
+    reasoning parser into thinking blocks, `budget_tokens` bounding it; without a parser that is a 400 naming
+    --reasoning-parser (the thinking would come back inside the answer)."""
+    if v is None or v.get("type") == "disabled":
+        return ReasoningPlan(None)
+    if server_parser is None:
+        raise no_reasoning_parser("thinking")
+    return ReasoningPlan(server_parser, budget=v.get("budget_tokens"))
 
 
 def output_schema(b: P.Body) -> str | None:

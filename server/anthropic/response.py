@@ -75,10 +75,12 @@ def content_blocks(content: str | None, calls: list[dict[str, Any]], reasoning: 
 
 
 def complete(state: ServerState, snapshot: dict[str, Any], result: dict[str, Any], content: str | None,
-             calls: list[dict[str, Any]], stop_sequences: list[str]) -> dict[str, Any]:
-    """The whole message for one finished result (`result` a TokenizerManager result dict)."""
+             calls: list[dict[str, Any]], stop_sequences: list[str], reasoning: str | None = None
+             ) -> dict[str, Any]:
+    """The whole message for one finished result (`result` a TokenizerManager result dict); `reasoning`: what
+    the reasoning parser split out (a thinking block first)."""
     meta = result["meta_info"]
-    blocks = content_blocks(content, calls)
+    blocks = content_blocks(content, calls, reasoning)
     has_calls = any(b["type"] == "tool_use" for b in blocks)
     reason, seq = stop_reason(chat_reason(meta["finish_reason"], has_calls), C.matched_stop(meta["finish_reason"]),
                               stop_sequences)

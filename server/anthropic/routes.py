@@ -31,8 +31,8 @@ from server.openai import common as C
 from server.openai import params as P
 from server.openai import tools as T
 from server.openai.chat import render_chat
-from server.openai.chat_output import OutputPlan
-from server.openai.reasoning import ReasoningPlan
+from server.openai.chat_output import OutputPlan, split_output
+from server.openai.reasoning import thinking_params
 from server.openai.streaming import ChatStream, sse_response
 
 router = APIRouter()
@@ -88,7 +88,10 @@ async def create_message(request: Request) -> Response:
     prompt = _prompt(state, tm, body)
     plan, parallel = prompt.tools
     cons, cons_param = _constraint(body, plan)
+    thinking = A.thinking_plan(body.raw("thinking"), state.cfg.server.reasoning_parser)
+    output = OutputPlan(plan, thinking, None, parallel)  # generic tool reading; reasoning split when thinking
     sp.update(cons, max_new_tokens=max_new)
+    sp.update(thinking_params(thinking))
     mid = R.new_message_id()
     names = OpenAINames(prompt="messages", max_tokens="max_tokens", constraint=cons_param)
     handle = tm.submit(GenerateRequest(input_ids=prompt.ids, sampling_params=sp, rid=mid, stream=stream,
@@ -99,7 +102,6 @@ async def create_message(request: Request) -> Response:
             first, items = await until_disconnect(request, _peek(handle))
         except ClientGone:
             return Response(status_code=499)
-        output = OutputPlan(plan, ReasoningPlan(None), None, parallel)  # generic tool reading, no reasoning
         chunks = ChatStream(items, {}, 1, output, None, 0, True, lambda metas: R.usage(state, metas[0])).events()
         start = {**snapshot, "usage": R.usage(state, first["meta_info"])}
         events = MessageStream(chunks, start, plan.mode == "named" and bool(plan.tools), stops).events()
@@ -111,8 +113,8 @@ async def create_message(request: Request) -> Response:
         return Response(status_code=499)
     C.raise_for_aborts(per_prompt)
     result = per_prompt[0][0]
-    content, calls = T.calls_of(plan, result["text"], parallel)
-    return JSON(R.complete(state, snapshot, result, content, calls, stops))
+    out = split_output(output, result["text"])
+    return JSON(R.complete(state, snapshot, result, out.content, out.calls, stops, out.reasoning))
 
 
 async def _peek(handle: RequestHandle) -> tuple[dict[str, Any], AsyncIterator[dict[str, Any]]]:

@@ -155,7 +155,7 @@ def test_tool_use_blocks():
 
 @pytest.mark.parametrize("data, param, code", [
     ({"frequency_penalty": 1}, "frequency_penalty", "unsupported_parameter"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, "thinking", "unsupported_parameter"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 0}}, "thinking.budget_tokens", "invalid_value"),
     ({"thinking": {"type": "sometimes"}}, "thinking.type", "invalid_value"),
     ({"metadata": {"user_id": 5}}, "metadata.user_id", "invalid_type"),
     ({"metadata": {"session": "x"}}, "metadata.session", "unsupported_parameter"),
@@ -169,9 +169,15 @@ def test_body_refusals(data, param, code):
 
 
 def test_thinking_names_the_flag_and_disabled_passes():
-    assert "--reasoning-parser" in err(A.body, {"thinking": {"type": "enabled", "budget_tokens": 1024}},
-                                       A.KNOWN).message
-    A.body({"thinking": {"type": "disabled"}}, A.KNOWN)
+    enabled = {"type": "enabled", "budget_tokens": 1024}
+    A.body({"thinking": enabled}, A.KNOWN)  # the shape is fine; the server decides below
+    e = err(A.thinking_plan, enabled, None)
+    assert "--reasoning-parser" in e.message and (e.param, e.code) == ("thinking", "unsupported_parameter")
+    assert A.thinking_plan({"type": "disabled"}, None).parser is None
+    assert A.thinking_plan(None, "deepseek-r1").parser is None  # no thinking asked: no split
+    plan = A.thinking_plan(enabled, "deepseek-r1")
+    assert (plan.parser, plan.budget, plan.separate, plan.stream) == ("deepseek-r1", 1024, True, True)
+    assert A.thinking_plan({"type": "adaptive"}, "qwen3").budget is None
 
 
 def test_sampling_params():

@@ -225,3 +225,27 @@ def test_frontend_program_with_separate_reasoning(servers):
     assert state["answer_reasoning_content"] and "</think>" not in state["answer"]
     jsonschema.validate(json.loads(state["answer"]), SCHEMA)
     assert "</think>" in state.text()  # the program's text keeps the raw output
+
+
+def test_messages_api_thinking_block_then_a_valid_answer(servers):
+    """The Messages API on server A: `thinking` comes back as a thinking block first (whole and streamed), and
+    the JSON answer (`output_config.format`) after it validates; server B (no parser) answers 400 naming the
+    flag."""
+    import anthropic
+
+    a, b = servers
+    kw = {"model": "default", "max_tokens": 80, "messages": ASK, "thinking": {"type": "enabled", "budget_tokens": BUDGET},
+          "extra_body": {"temperature": 0, "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}}}
+    client = anthropic.Anthropic(base_url=a.url, api_key="none", max_retries=0, timeout=120)
+    msg = client.messages.create(**kw)
+    assert [blk.type for blk in msg.content] == ["thinking", "text"], msg.content
+    assert msg.content[0].thinking.strip()
+    jsonschema.validate(json.loads(msg.content[1].text), SCHEMA)
+    with client.messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+    assert [(blk.type, getattr(blk, "thinking", None), getattr(blk, "text", None)) for blk in final.content] == \
+        [(blk.type, getattr(blk, "thinking", None), getattr(blk, "text", None)) for blk in msg.content]
+    plain = anthropic.Anthropic(base_url=b.url, api_key="none", max_retries=0, timeout=120)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        plain.messages.create(**kw)
+    assert "--reasoning-parser" in str(e.value)
