@@ -13,6 +13,7 @@ import pytest
 from runtime.messages import AbortReq, FinishStop
 from runtime.speculative import accept_greedy, propose_ngram
 from tests.runtime.scheduler.harness import (
+    OnlyToken,
     Results,
     V,
     create_scheduler,
@@ -268,7 +269,7 @@ def test_a_json_requests_closing_window_is_not_drafted():
 
     def req(out: int, **kw) -> Req:
         r = Req("r", [1], SamplingParams(max_new_tokens=100, **kw))
-        r.grammar = SimpleNamespace(rollback=lambda n: None)  # a grammar that can check proposals
+        r.grammar = OnlyToken(5, 1000)  # a grammar (it can check proposals)
         r.output_ids = [5] * out
         return r
 
