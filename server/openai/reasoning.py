@@ -7,8 +7,10 @@ output is split into `reasoning_content` and `content`. `stream_reasoning: false
 delta instead of as it is generated. `thinking_budget` bounds the thinking in tokens: at the budget the
 end-of-thinking marker is forced and the answer begins.
 
-A request that asks for any of these on a server without a reasoning parser is a 400 naming
-`--reasoning-parser` (a silent drop would return the thinking inside the answer).
+On a server without a reasoning parser, `thinking_budget` is a 400 naming `--reasoning-parser` (a silent drop
+would leave the thinking unbounded); `separate_reasoning` and `stream_reasoning` are SGLang's fields at their
+defaults (true), which SGLang's clients and sglang-router send with every chat request: there they split nothing,
+as in SGLang.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from runtime.tokenizer.generate_input import RequestError
 from server.errors import no_reasoning_parser
 from server.parsers import BaseReasoningParser, create_reasoning_parser
 
-ASKS = ("separate_reasoning", "stream_reasoning", "thinking_budget")
+ASKS = ("thinking_budget",)  # what a request without a reasoning parser cannot have
 
 
 @dataclass(frozen=True)

@@ -101,11 +101,11 @@ def test_stream_reasoning_false_sends_reasoning_once():
 
 
 def test_reasoning_plan():
-    for key, value in (("separate_reasoning", True), ("stream_reasoning", True), ("thinking_budget", 10)):
-        with pytest.raises(RequestError) as e:
-            plan_reasoning({key: value}, None, None)
-        assert e.value.param == key and "--reasoning-parser" in e.value.message and e.value.status == 400
-    assert plan_reasoning({"separate_reasoning": False}, None, None).parser is None
+    with pytest.raises(RequestError) as e:
+        plan_reasoning({"thinking_budget": 10}, None, None)
+    assert e.value.param == "thinking_budget" and "--reasoning-parser" in e.value.message and e.value.status == 400
+    for fields in ({"separate_reasoning": False}, {"separate_reasoning": True, "stream_reasoning": True}):
+        assert plan_reasoning(fields, None, None).parser is None  # SGLang's defaults: nothing to split
     assert plan_reasoning({}, "qwen3", {"enable_thinking": False}).parser is None
     p = plan_reasoning({"thinking_budget": 5, "separate_reasoning": False}, "qwen3", None)
     assert (p.parser, p.separate, p.budget, p.new_parser()) == ("qwen3", False, 5, None)
