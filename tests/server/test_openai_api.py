@@ -61,9 +61,11 @@ def test_models_list_and_get(client, server):
 
 
 def test_chat_plain(client, model):
+    with pytest.raises(openai.BadRequestError) as e:  # nothing is accepted and ignored
+        client.chat.completions.create(model=model, messages=HELLO, max_tokens=8, extra_body={"foo_unknown": 1})
+    assert "foo_unknown" in str(e.value)
     r = client.chat.completions.create(model=model, messages=HELLO, max_tokens=8, temperature=0,
-                                       user="u1", metadata={"k": "v"}, store=False, service_tier="auto",
-                                       extra_body={"foo_unknown": 1})
+                                       user="u1", metadata={"k": "v"}, store=False, service_tier="auto")
     assert r.id.startswith("chatcmpl-") and r.object == "chat.completion" and r.model == model
     assert abs(r.created - time.time()) < 120
     (choice,) = r.choices

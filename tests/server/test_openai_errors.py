@@ -190,14 +190,18 @@ def test_unknown_routes_and_methods_are_json(http):
     assert r.status_code == 405 and _envelope(r)
 
 
-def test_accepted_and_ignored_fields(server, http):
-    body = {"messages": M, "max_tokens": 1, "user": "u", "metadata": {"a": "b"}, "store": True,
-            "service_tier": "default", "parallel_tool_calls": False, "some_future_field": {"x": 1}}
+def test_informational_fields_accepted_and_unknown_ones_refused(server, http):
+    body = {"messages": M, "max_tokens": 1, "user": "u", "metadata": {"a": "b"}, "store": False,
+            "service_tier": "default", "parallel_tool_calls": False}
     r = http.post(CHAT, json=body)
     assert r.status_code == 200, r.text
-    r = http.post(COMP, json={"prompt": "x", "max_tokens": 1, "user": "u", "some_future_field": 1})
+    r = http.post(COMP, json={"prompt": "x", "max_tokens": 1, "user": "u"})
     assert r.status_code == 200, r.text
-    assert "ignoring unknown request fields: some_future_field" in server.output
+    for url, extra in ((CHAT, {**body, "some_future_field": {"x": 1}}), (CHAT, {**body, "store": True}),
+                       (COMP, {"prompt": "x", "max_tokens": 1, "some_future_field": 1})):
+        r = http.post(url, json=extra)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] in ("some_future_field", "store"), r.text
 
 
 def test_stream_n3_is_valid(http):
