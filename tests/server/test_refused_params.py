@@ -20,6 +20,8 @@ from server.cli import build_parser
 from server.openai import params as P
 from server.openai import tools as T
 from server.openai.chat import _choice
+from server.openai.chat_output import OutputPlan
+from server.openai.reasoning import ReasoningPlan
 from tests.server.harness import ServerProc
 
 M = [{"role": "user", "content": "hi"}]
@@ -118,8 +120,11 @@ def test_parallel_tool_calls_false_keeps_one_call():
     plan = T.parse_tools(TOOLS, "auto")
     two = '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "arguments": {}}]'
     r = {"index": 0, "text": two, "meta_info": {"finish_reason": FinishStop()}}
-    assert len(_choice(r, plan, None, 0, parallel=True)["message"]["tool_calls"]) == 2
-    one = _choice(r, plan, None, 0, parallel=False)
+    def output(parallel: bool) -> OutputPlan:
+        return OutputPlan(plan, ReasoningPlan(None), None, parallel)
+
+    assert len(_choice(r, output(True), None, 0)["message"]["tool_calls"]) == 2
+    one = _choice(r, output(False), None, 0)
     assert [c["function"]["arguments"] for c in one["message"]["tool_calls"]] == ['{"city": "Paris"}']
     assert one["finish_reason"] == "tool_calls"
 
