@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU check for radixgen on a single NVIDIA GPU machine (written for the lent H200), offline.
+# One prepared GPU check for radixgen on a single NVIDIA GPU machine (an H100 or H200), offline.
 #
 #   bench/gpu_check.sh           on the GPU machine: install what it lacks from bench/.wheels, run the
 #                                GPU kernel and CUDA-graph tests, bench/one_batch.py --device cuda with
