@@ -141,3 +141,14 @@ def usage_dict(state: ServerState, prompt: int, completion: int, cached: int) ->
                            "total_tokens": prompt + completion}
     out["prompt_tokens_details"] = {"cached_tokens": cached} if state.cfg.server.enable_cache_report else None
     return out
+
+
+def known_object(body: Any, known: frozenset[str]) -> dict[str, Any]:
+    """The request body as a JSON object of `known` keys only: a 400 for another type or naming the first
+    unknown key (routes without OpenAI's informational fields: /v1/embeddings, /v1/score)."""
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object", None, "invalid_type")
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise RequestError(f"unknown parameter '{unknown[0]}'", unknown[0], "unknown_parameter")
+    return body

@@ -76,12 +76,7 @@ async def _embed(request: Request, tm: TokenizerManager, inputs: list, truncate:
 async def embeddings(request: Request) -> Response:
     state = get_state(request)
     tm = state.require_tm()
-    body = await C.read_body(request, state)
-    if not isinstance(body, dict):
-        raise RequestError("request body must be a JSON object", None, "invalid_type")
-    unknown = sorted(set(body) - KNOWN)
-    if unknown:
-        raise RequestError(f"unknown parameter '{unknown[0]}'", unknown[0], "unknown_parameter")
+    body = C.known_object(await C.read_body(request, state), KNOWN)
     model = C.check_model(state, body.get("model"))
     if "input" not in body or body["input"] is None:
         raise RequestError("'input' is required", "input", "missing_required_parameter")

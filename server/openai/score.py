@@ -115,12 +115,7 @@ def _scores(logprobs: list[float], softmax: bool) -> list[float]:
 async def score(request: Request) -> Response:
     state = get_state(request)
     tm = state.require_tm()
-    body = await C.read_body(request, state)
-    if not isinstance(body, dict):
-        raise RequestError("request body must be a JSON object", None, "invalid_type")
-    unknown = sorted(set(body) - KNOWN)
-    if unknown:
-        raise RequestError(f"unknown parameter '{unknown[0]}'", unknown[0], "unknown_parameter")
+    body = C.known_object(await C.read_body(request, state), KNOWN)
     model = C.check_model(state, body.get("model"))
     labels = _labels(body, tm.vocab_size)
     items, prefix = prompts(body, tm)
