@@ -2,7 +2,7 @@
 document outside the repository (what a reader needs is in the repository).
 
 Scanned: comments and docstrings of the Python files, the C++ sources' comments, README.md, docs/ and
-bench/results/. A path is a run like `runtime/scheduler/core.py`, `tests/server/`, `kernels/cpu/attention.cpp`
+bench/results/. A path is a run like `runtime/scheduler/core.py`, `tests/server/`, `kernels/cpu/linear.cpp`
 that starts at a top-level folder of the repository (a `::test` suffix is dropped); shell globs and
 placeholders (`<package>`, `*`) are not paths.
 """

@@ -1,2 +1,3 @@
-"""Native CPU attention: a C++ extension (attention.cpp) built on first use (build.py), its torch custom ops
-(ops.py) and the attention backend over them (backend.py). `import kernels.cpu` compiles nothing."""
+"""Native CPU ops: C++ sources laid out per op family and compiled per instruction set (kernels/cpu/isa.h), built
+on first use (build.py), their torch custom ops (ops.py) and the attention backend over them (backend.py).
+`import kernels.cpu` compiles nothing."""

@@ -1,5 +1,6 @@
 """The native CPU attention backend ("cpu"): one native call per layer for the decode rows and one for the
-extend rows of a step, both reading the paged pool in place (kernels/cpu/attention.cpp via kernels/cpu/ops.py).
+extend rows of a step, both reading the paged pool in place (kernels/cpu/attention_decode.cpp and
+kernels/cpu/attention_extend.cpp via kernels/cpu/ops.py).
 
 Data flow: `init_forward(meta)` splits the batch once per step into its decode rows [0, num_decode) and extend
 rows [num_decode, B), and finds the decode rows' shared prefix (leading slots every row has in common, from the

@@ -1,4 +1,4 @@
-// Decode's shared-prefix (cascade) items through brgemm: included by attention.cpp after extend_amx.h.
+// Decode's shared-prefix (cascade) items through brgemm (kernels/cpu/attention_decode.cpp).
 //
 // A shared-prefix item of decode is one KV head h and one chunk [j0, j0 + n) of the prefix keys, against all
 // M = B * G query rows of h (request b's query heads h*G .. h*G + G-1, rows ordered (b, g)): a GEMM shape,
@@ -7,7 +7,17 @@
 // Each row leaves a partial (o normalized, lse) that decode's merge pass combines with the row's own keys.
 // Numerics as extend: scores, softmax and O in float32; for bf16 the probabilities P round to bf16 before P x V.
 
-namespace amx {
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "extend_amx.h"
+
+namespace RADIXGEN_NS::amx {
 
 // Which kernel runs decode's shared-prefix items.
 enum class SharedPath { rows, brgemm_bf16, brgemm_f32 };
@@ -55,4 +65,4 @@ inline void attend_keys(const KvView<R>& kv, const int32_t* slot, int n, const Q
   }
 }
 
-}  // namespace amx
+}  // namespace RADIXGEN_NS::amx

@@ -1,6 +1,6 @@
 // Fused row-wise CPU kernels for the eager forward (extend and mixed steps; the compiled decode graphs get the
 // same fusions from inductor). Each replaces a chain of 4-10 aten ops and their float32 temporaries with one
-// pass over the rows; built into the same extension as attention.cpp (kernels/cpu/build.py).
+// pass over the rows; compiled once per ISA variant (kernels/cpu/isa.h), registered by dispatch.cpp.
 //
 //   add_rmsnorm(x [T, H], residual [T, H] or None, weight [H], eps) -> (out [T, H], h [T, H] or [0] if None)
 //       h = x + residual (rounded to x's dtype, as torch's add), out = h * rsqrt(mean(h^2) + eps) * weight
@@ -28,52 +28,13 @@
 #include <type_traits>
 #include <vector>
 
+#include "isa.h"
+#include "vec_math.h"
+
+namespace RADIXGEN_NS {
 namespace {
 
-// Scalar conversions the compiler vectorizes. bfloat16 data is handled as its raw uint16_t bits (c10::BFloat16's
-// own conversions carry a branch per element and its struct loads defeat gcc's vectorizer): bf16 is the high half
-// of a float32; float -> bf16 rounds to nearest even, NaN kept quiet, as torch does.
-using bf16_bits = uint16_t;
-inline float to_f(float x) { return x; }
-inline float to_f(bf16_bits x) {
-  const uint32_t u = static_cast<uint32_t>(x) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-template <typename T>
-inline T from_f(float f);
-template <>
-inline float from_f<float>(float f) { return f; }
-template <>
-inline bf16_bits from_f<bf16_bits>(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  return (f != f) ? bf16_bits(0x7FC0) : static_cast<bf16_bits>(rounded);
-}
-
-// exp(x) for x in [-87, 88] to ~2 float32 ulps, in straight-line code that vectorizes (libm's expf does not
-// without -ffast-math): x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a degree-6 Taylor polynomial, 2^n by bits.
-inline float exp_f(float x) {
-  x = x < -87.f ? -87.f : (x > 88.f ? 88.f : x);  // (std::fmin/fmax's NaN rules block vectorization)
-  // round to nearest by the 1.5 * 2^23 trick (std::nearbyint is a libm call that blocks vectorization); exact
-  // for |x log2 e| < 2^22, and without -ffast-math the compiler may not fold the add and the subtract.
-  constexpr float kRound = 12582912.f;
-  const float n = (x * 1.44269504088896341f + kRound) - kRound;
-  const float r = std::fma(n, -0.693145751953125f, std::fma(n, -1.428606765330187e-06f, x));
-  float p = 1.f / 720.f;
-  p = std::fma(p, r, 1.f / 120.f);
-  p = std::fma(p, r, 1.f / 24.f);
-  p = std::fma(p, r, 1.f / 6.f);
-  p = std::fma(p, r, 0.5f);
-  p = std::fma(p, r, 1.f);
-  p = std::fma(p, r, 1.f);
-  const uint32_t e = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &e, sizeof scale);
-  return p * scale;
-}
+using bf16_bits = uint16_t;  // bfloat16 tensors are read as raw bits (vec_math.h)
 
 // Calls fn with a null pointer of the storage type: float for float32, bf16_bits for bfloat16 (the Python side
 // never sends more); the kernels read tensors through ptr<T>.
@@ -100,7 +61,7 @@ void add_rmsnorm_rows(const T* x, const T* res, const T* w, T* out, T* h, int64_
   at::parallel_for(0, rows, kGrain, [&](int64_t b, int64_t e) {
     std::vector<float> buf(n);
     std::vector<float> wf(n);
-    for (int64_t j = 0; j < n; ++j) wf[j] = to_f(w[j]);
+    for (int64_t j = 0; j < n; ++j) wf[j] = to_float(w[j]);
     for (int64_t r = b; r < e; ++r) {
       const T* xr = x + r * n;
       float* hb = buf.data();
@@ -109,13 +70,13 @@ void add_rmsnorm_rows(const T* x, const T* res, const T* w, T* out, T* h, int64_
         T* hr = h + r * n;
 #pragma omp simd
         for (int64_t j = 0; j < n; ++j) {
-          const T s = from_f<T>(to_f(xr[j]) + to_f(rr[j]));  // rounded as torch's add
+          const T s = from_float<T>(to_float(xr[j]) + to_float(rr[j]));  // rounded as torch's add
           hr[j] = s;
-          hb[j] = to_f(s);
+          hb[j] = to_float(s);
         }
       } else {
 #pragma omp simd
-        for (int64_t j = 0; j < n; ++j) hb[j] = to_f(xr[j]);
+        for (int64_t j = 0; j < n; ++j) hb[j] = to_float(xr[j]);
       }
       float acc = 0.f;
 #pragma omp simd reduction(+ : acc)
@@ -123,10 +84,12 @@ void add_rmsnorm_rows(const T* x, const T* res, const T* w, T* out, T* h, int64_
       const float inv = 1.f / std::sqrt(acc / static_cast<float>(n) + eps);
       T* outr = out + r * n;
 #pragma omp simd
-      for (int64_t j = 0; j < n; ++j) outr[j] = from_f<T>(hb[j] * inv * wf[j]);
+      for (int64_t j = 0; j < n; ++j) outr[j] = from_float<T>(hb[j] * inv * wf[j]);
     }
   });
 }
+
+}  // namespace
 
 std::tuple<at::Tensor, at::Tensor> add_rmsnorm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                                                const at::Tensor& weight, double eps) {
@@ -153,6 +116,8 @@ std::tuple<at::Tensor, at::Tensor> add_rmsnorm(const at::Tensor& x, const std::o
   return {out, h};
 }
 
+namespace {
+
 template <typename T>
 void rope_rows(const T* x, const float* cs, const int64_t* pos, T* out, int64_t t, int64_t heads, int64_t d,
                int64_t x_row_stride) {
@@ -166,14 +131,16 @@ void rope_rows(const T* x, const float* cs, const int64_t* pos, T* out, int64_t 
         T* o = out + (i * heads + hh) * d;
 #pragma omp simd
         for (int64_t j = 0; j < half; ++j) {
-          const float x1 = to_f(xr[j]), x2 = to_f(xr[j + half]);
-          o[j] = from_f<T>(x1 * c[j] - x2 * s[j]);
-          o[j + half] = from_f<T>(x2 * c[j] + x1 * s[j]);
+          const float x1 = to_float(xr[j]), x2 = to_float(xr[j + half]);
+          o[j] = from_float<T>(x1 * c[j] - x2 * s[j]);
+          o[j + half] = from_float<T>(x2 * c[j] + x1 * s[j]);
         }
       }
     }
   });
 }
+
+}  // namespace
 
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos_sin, const at::Tensor& positions) {
   TORCH_CHECK(x.dim() == 3 && cos_sin.dim() == 2 && cos_sin.size(1) == x.size(2) && x.size(2) % 2 == 0,
@@ -198,6 +165,8 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos_sin, const at::Tensor
   return out;
 }
 
+namespace {
+
 template <typename T>
 void silu_mul_rows(const T* gu, T* out, int64_t rows, int64_t n) {
   at::parallel_for(0, rows, kGrain, [&](int64_t b, int64_t e) {
@@ -207,12 +176,14 @@ void silu_mul_rows(const T* gu, T* out, int64_t rows, int64_t n) {
       T* o = out + r * n;
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) {
-        const float gf = to_f(g[j]);
-        o[j] = from_f<T>(gf / (1.f + exp_f(-gf)) * to_f(u[j]));
+        const float gf = to_float(g[j]);
+        o[j] = from_float<T>(gf / (1.f + exp_f(-gf)) * to_float(u[j]));
       }
     }
   });
 }
+
+}  // namespace
 
 at::Tensor silu_mul(const at::Tensor& gate_up) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "silu_mul: gate_up [T, 2I] expected");
@@ -270,18 +241,4 @@ void apply_token_bitmask_(at::Tensor logits, const at::Tensor& bitmask, const st
   });
 }
 
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(radixgen, m) {
-  m.def("add_rmsnorm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)");
-  m.def("rope(Tensor x, Tensor cos_sin, Tensor positions) -> Tensor");
-  m.def("silu_mul(Tensor gate_up) -> Tensor");
-  m.def("apply_token_bitmask_(Tensor(a!) logits, Tensor bitmask, Tensor? rows) -> ()");
-}
-
-TORCH_LIBRARY_IMPL(radixgen, CPU, m) {
-  m.impl("add_rmsnorm", &add_rmsnorm);
-  m.impl("rope", &rope);
-  m.impl("silu_mul", &silu_mul);
-  m.impl("apply_token_bitmask_", &apply_token_bitmask_);
-}
+}  // namespace RADIXGEN_NS

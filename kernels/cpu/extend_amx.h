@@ -1,6 +1,6 @@
 // Extend through brgemm micro-kernels (oneDNN's, via ATen's cpublas): bf16 on CPUs whose kernels take
 // VNNI-packed bf16 (AMX machines), bf16 through gemm_bf16.h's AVX-512-BF16 kernel on the same packed blocks
-// elsewhere, float32 everywhere. Included by attention.cpp (one translation unit);
+// elsewhere, float32 everywhere (kernels/cpu/attention_extend.cpp);
 // decode's shared-prefix items reuse pack_block / start_rows / attend_block (decode_shared.h).
 // Two phases per call:
 //   pack:   every block of NB keys of the batch, per KV head, is read once through req_to_token and packed:
@@ -14,9 +14,21 @@
 // For bf16, P is rounded to bf16 before the second product (as the flash kernels of torch and SGLang do on
 // CPU); everything else accumulates in float32.
 
-// (needs <ATen/native/CPUBlas.h>, included at the top of attention.cpp, outside its anonymous namespace)
+#pragma once
 
-namespace amx {
+#include <ATen/ATen.h>
+#include <ATen/native/CPUBlas.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "gemm_bf16.h"
+#include "vec_math.h"
+
+namespace RADIXGEN_NS::amx {
 
 constexpr int NB = 128;  // keys per brgemm block (a multiple of 32: whole AMX tiles, even VNNI pairs)
 
@@ -44,7 +56,7 @@ inline void pack_block(const R* kbase, const R* vbase, int64_t rs, const int32_t
     for (int j = 0; j < NB; ++j) {
       if (j < nb) {
         const R* kr = kbase + int64_t(slot[j]) * rs;
-        for (int d = 0; d < D; ++d) dst[d * NB + j] = elem_f32(kr[d]);
+        for (int d = 0; d < D; ++d) dst[d * NB + j] = to_float(kr[d]);
         to_f32(vbase + int64_t(slot[j]) * rs, dst + size_t(D) * NB + size_t(j) * D, D);
       } else {
         for (int d = 0; d < D; ++d) dst[d * NB + j] = 0.0f;
@@ -98,7 +110,7 @@ inline float softmax_to(const float* s, int vis, float scale, float old_max, T* 
   __m512 acc = _mm512_setzero_ps();
   for (int j = 0; j < NB; j += 16) {
     const __mmask16 k = j + 16 <= vis ? __mmask16(0xffff) : j < vis ? __mmask16((1u << (vis - j)) - 1) : 0;
-    const __m512 e = _mm512_maskz_mov_ps(k, exp_neg16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, s + j), scv, mxv)));
+    const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, s + j), scv, mxv)));
     acc = _mm512_add_ps(acc, e);
     if constexpr (std::is_same_v<T, float>) {
       _mm512_storeu_ps(p + j, e);
@@ -127,7 +139,7 @@ inline float softmax_to(const float* s, int vis, float scale, float old_max, T* 
   __m256 acc = _mm256_setzero_ps();
   alignas(32) float e8[8];
   for (int j = 0; j < NB; j += 8) {
-    __m256 e = exp_neg8(_mm256_fmsub_ps(_mm256_loadu_ps(s + j), scv, mxv));
+    __m256 e = exp8(_mm256_fmsub_ps(_mm256_loadu_ps(s + j), scv, mxv));
     if (j + 8 > vis) e = _mm256_and_ps(e, tail_mask8(vis - j));  // keys past vis (and pad keys) weigh 0
     acc = _mm256_add_ps(acc, e);
     if constexpr (std::is_same_v<T, float>) {
@@ -144,7 +156,7 @@ inline float softmax_to(const float* s, int vis, float scale, float old_max, T* 
   for (int j = 0; j < vis; ++j) mx = std::max(mx, s[j] * scale);
   float acc = 0.0f;
   for (int j = 0; j < NB; ++j) {
-    const float e = j < vis ? exp_neg(s[j] * scale - mx) : 0.0f;
+    const float e = j < vis ? exp_f(s[j] * scale - mx) : 0.0f;
     acc += e;
     if constexpr (std::is_same_v<T, float>) p[j] = e;
     else p[j] = f32_to_bf16(e);
@@ -216,7 +228,7 @@ inline void attend_block(const Block<T>& blk, const int* lim, int M, int D, floa
     }
     float sum = 0.0f;
     const float mx = softmax_to(sm, vis, scale, b.m[m], pm, &sum);
-    const float alpha = exp_neg(b.m[m] - mx);
+    const float alpha = exp_f(b.m[m] - mx);
     b.m[m] = mx;
     b.l[m] = b.l[m] * alpha + sum;
     if (alpha != 1.0f) {
@@ -248,4 +260,4 @@ inline void attend_head(const R* const* q_rows, const int* lim, int M, int D, co
   }
 }
 
-}  // namespace amx
+}  // namespace RADIXGEN_NS::amx

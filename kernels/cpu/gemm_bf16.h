@@ -1,7 +1,7 @@
 // The bf16 products of extend_amx.h's key blocks on CPUs without AMX: an AVX-512-BF16 (vdpbf16ps) micro-kernel
 // over the same packed layouts, so bf16 pools keep bf16 blocks (half the packing traffic and cache footprint of
 // float32 blocks, two multiply-adds per lane per instruction) where oneDNN has no VNNI bf16 brgemm.
-// Included by attention.cpp before extend_amx.h (one translation unit).
+// Used by extend_amx.h (extend's key blocks and decode's shared-prefix items).
 //
 // Both products of a block are C[M, N] (+)= A[M, K] x B[K, N] with K even, read as bf16 pairs:
 //   A: rows of K bf16 (row stride lda elements): word (m, p) = A's pair (2p, 2p + 1) of row m;
@@ -11,11 +11,23 @@
 // in float32 (round to nearest even, denormal inputs and outputs flushed to zero); C stays float32.
 // Register tile: MR rows x NR vectors of 16 floats (MR * NR <= 16 accumulators, NR loads of B per pair of K).
 
-namespace amx {
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/native/CPUBlas.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "vec_math.h"
+
+namespace RADIXGEN_NS::amx {
 
 // Which kernel multiplies bf16 blocks: brgemm (oneDNN's AMX tiles), dot (this file) or f32 (blocks converted to
 // float32 while packing, float32 brgemm). Auto picks the first this machine has; an override (the
-// radixgen::bf16_attn_gemm op, for tests and benchmarks) forces one.
+// radixgen::bf16_attn_gemm op, for tests and benchmarks; one process-wide value shared by every ISA variant)
+// forces one.
 enum class Bf16Gemm : int { automatic = 0, f32 = 1, dot = 2, brgemm = 3 };
 
 // Auto picks dot only where it is the vdpbf16ps kernel; forcing it elsewhere runs dot_gemm's portable twin.
@@ -27,14 +39,9 @@ inline bool dot_native() {
 #endif
 }
 
-inline std::atomic<int>& bf16_gemm_override() {
-  static std::atomic<int> mode{int(Bf16Gemm::automatic)};
-  return mode;
-}
-
 inline Bf16Gemm bf16_gemm() {
   static const bool amx_ok = at::native::cpublas::could_pack(at::kBFloat16);
-  const auto forced = Bf16Gemm(bf16_gemm_override().load(std::memory_order_relaxed));
+  const auto forced = Bf16Gemm(radixgen_cpu::bf16_gemm_override().load(std::memory_order_relaxed));
   if (forced != Bf16Gemm::automatic) return forced;
   return amx_ok ? Bf16Gemm::brgemm : dot_native() ? Bf16Gemm::dot : Bf16Gemm::f32;
 }
@@ -49,7 +56,7 @@ inline const char* set_bf16_gemm(const std::string& mode) {
   TORCH_CHECK(m >= 0, "bf16_attn_gemm: unknown mode '", mode, "' (auto, f32, dot, brgemm)");
   TORCH_CHECK(m != int(Bf16Gemm::brgemm) || at::native::cpublas::could_pack(at::kBFloat16),
               "bf16_attn_gemm: oneDNN has no bf16 brgemm on this CPU (AMX)");
-  bf16_gemm_override().store(m);
+  radixgen_cpu::bf16_gemm_override().store(m);
   return names[int(bf16_gemm())];
 }
 
@@ -117,4 +124,4 @@ inline void dot_gemm(int M, int N, int K, const uint16_t* a, int64_t lda, const 
 #endif
 }
 
-}  // namespace amx
+}  // namespace RADIXGEN_NS::amx

@@ -1,5 +1,5 @@
-// Float32 linear layers on weights packed in column panels, for CPUs without AVX-512 (built into the same
-// extension as attention.cpp; kernels/cpu/build.py).
+// The GEMM family: float32 linear layers on weights packed in column panels. Compiled once per ISA variant
+// (kernels/cpu/isa.h), registered as radixgen::linear_panels by dispatch.cpp.
 //
 //   linear_panels(x [M, K] float32, panels [N / 16, K, 16] float32) -> y [M, N] = x @ W^T
 //       panels[p, k, j] = W[16 p + j, k] (kernels.cpu.ops.pack_panels); N % 16 == 0.
@@ -19,10 +19,10 @@
 #include <algorithm>
 #include <cstdint>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
+#include "isa.h"
+#include "vec_math.h"
 
+namespace RADIXGEN_NS {
 namespace {
 
 constexpr int PANEL = 16;    // output columns per panel
@@ -81,6 +81,8 @@ inline void panel_rows(int M, int K, const float* x, const float* panel, float* 
 }
 #endif
 
+}  // namespace
+
 at::Tensor linear_panels(const at::Tensor& x, const at::Tensor& panels) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "linear_panels: x must be float32 [M, K]");
   TORCH_CHECK(panels.dim() == 3 && panels.size(2) == PANEL && panels.scalar_type() == at::kFloat &&
@@ -105,8 +107,12 @@ at::Tensor linear_panels(const at::Tensor& x, const at::Tensor& panels) {
   return y;
 }
 
-}  // namespace
+bool panels_native() {
+#if defined(__AVX2__) && defined(__FMA__)
+  return true;
+#else
+  return false;
+#endif
+}
 
-TORCH_LIBRARY_FRAGMENT(radixgen, m) { m.def("linear_panels(Tensor x, Tensor panels) -> Tensor"); }
-
-TORCH_LIBRARY_IMPL(radixgen, CPU, m) { m.impl("linear_panels", &linear_panels); }
+}  // namespace RADIXGEN_NS

@@ -1,4 +1,9 @@
-"""The native CPU attention ops, as torch custom ops an opaque caller (eager or torch.compile) can use.
+"""The native CPU ops (kernels/cpu/*.cpp), as torch custom ops an opaque caller (eager or torch.compile) can use.
+
+Every op runs the entry point of one instruction-set variant (kernels/cpu/isa.h): the best this CPU runs,
+chosen when the library loads, or the one `cpu_isa` forces (tests and benchmarks run each variant).
+
+The attention ops:
 
 Both ops first store the step's new K/V rows into the pool (mutating `k_cache`/`v_cache` at `layer`), then
 attend, reading K/V slots in place through `req_to_token`. All index/length tensors live on the CPU.
@@ -62,6 +67,20 @@ def load() -> None:
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
     _registered = True
+
+
+def isas() -> list[str]:
+    """The ISA variants built for this CPU and runnable here, best first ("avx512", "avx2", "portable")."""
+    load()
+    return list(torch.ops.radixgen.cpu_isas())
+
+
+def cpu_isa(mode: str = "auto") -> str:
+    """Force the ISA variant every op runs ("avx512", "avx2", "portable"; one of isas()) or go back to the
+    start-up choice ("auto"). Process-wide, for tests and benchmarks; raises on a variant not built here and then
+    changes nothing. Returns the variant now in effect."""
+    load()
+    return str(torch.ops.radixgen.cpu_isa(mode))
 
 
 # The fused elementwise ops of kernels/cpu/elementwise.cpp, with kernels.ref's signatures (the eager forward's
@@ -141,8 +160,14 @@ def q8_linear(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor) -> torch.Te
     return torch.ops.radixgen.q8_linear(x, codes, d)
 
 
+def panels_native() -> bool:
+    """Whether linear_panels runs a vector kernel in the variant in effect (else the portable loop)."""
+    load()
+    return bool(torch.ops.radixgen.panels_native())
+
+
 def q_gemv_native() -> bool:
-    """Whether the block linears were built with their AVX2 kernels (else the portable scalar twin)."""
+    """Whether the block linears run their AVX2 kernels in the variant in effect (else the portable scalar twin)."""
     load()
     return bool(torch.ops.radixgen.q_gemv_native())
 

@@ -1,7 +1,7 @@
 // Weight-only quantized linears for few rows (decode) on CPUs with AVX2: 4-bit and 8-bit weights in GGUF's own
 // block layouts, times activations quantized per block of 32 to int8 (llama.cpp's Q4_1 x Q8 / Q8_0 x Q8 scheme,
-// written here from the formats' definitions). Built into the same extension as attention.cpp
-// (kernels/cpu/build.py); kernels/quant/cpu_blocks.py packs the weights and holds the contracts' Python side.
+// written here from the formats' definitions). The GEMV family: compiled once per ISA variant (kernels/cpu/isa.h),
+// registered by dispatch.cpp; kernels/quant/cpu_blocks.py packs the weights and holds the contracts' Python side.
 //
 //   q4_linear(x [M, K] float32, qs [N, K / 2] uint8, dm [N, 2, K / 32] float16) -> y [M, N] float32
 //       weight value W[n, 32 b + i] = d[n, b] * q + m[n, b], q = low nibble of qs[n, 16 b + i] for i < 16, the
@@ -35,11 +35,14 @@
 #include <limits>
 #include <vector>
 
+#include "isa.h"
+#include "vec_math.h"
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
 #define RADIXGEN_QGEMV_AVX2 1
 #endif
 
+namespace RADIXGEN_NS {
 namespace {
 
 constexpr int QK = 32;       // weights per block
@@ -98,32 +101,13 @@ QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K, bool pairs = f
   return q;
 }
 
-// float16 -> float32 for n values (the block parameters of up to 16 weight rows).
-inline void halfs_to_float(const at::Half* h, float* f, int64_t n) {
-  int64_t i = 0;
 #ifdef RADIXGEN_QGEMV_AVX2
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
-  for (; i < n; ++i) f[i] = _cvtsh_ss(h[i].x);
-#else
-  for (; i < n; ++i) f[i] = static_cast<float>(h[i]);
-#endif
-}
-
-#ifdef RADIXGEN_QGEMV_AVX2
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // sum_j u[j] * v[j] in float32: 8 lanes over j, then the lanes, then the tail in order.
 inline float dot_f32(const float* u, const float* v, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(u + j), _mm256_loadu_ps(v + j), acc);
-  float t = hsum(acc);
+  float t = hsum8(acc);
   for (; j < n; ++j) t = std::fma(u[j], v[j], t);
   return t;
 }
@@ -177,7 +161,7 @@ inline void sum_blocks(int64_t nb, const float* d, const QuantizedRows& q, int64
     block(odd, b + 1, a, ds);
   }
   if (b < nb) block(even, b, a, ds);
-  for (int r = 0; r < R; ++r) dots[r] = hsum(_mm256_add_ps(even[r], odd[r]));
+  for (int r = 0; r < R; ++r) dots[r] = hsum8(_mm256_add_ps(even[r], odd[r]));
 }
 
 // NR weight rows (qs rows ldq bytes apart; f: their float32 block parameters, d then m, per_row apart) against
@@ -228,7 +212,7 @@ inline void q4_rows(int64_t nb, const uint8_t* qs, int64_t ldq, const float* f, 
   }
   for (int i = 0; i < NR; ++i)
     for (int r = 0; r < R; ++r)
-      y[i + r * ldy] = hsum(acc[i][r]) + dot_f32(f + i * per_row + nb, q.sum.data() + (r0 + r) * nb, nb);
+      y[i + r * ldy] = hsum8(acc[i][r]) + dot_f32(f + i * per_row + nb, q.sum.data() + (r0 + r) * nb, nb);
 }
 
 template <int R>
@@ -302,7 +286,7 @@ at::Tensor run_rows(const at::Tensor& x, int64_t N, const at::Half* params, int6
     std::vector<float> f(CHUNK * per_row);
     for (int64_t c0 = n0; c0 < n1; c0 += CHUNK) {
       const int64_t c1 = std::min(n1, c0 + CHUNK);
-      halfs_to_float(params + c0 * per_row, f.data(), (c1 - c0) * per_row);
+      to_f32(params + c0 * per_row, f.data(), (c1 - c0) * per_row);
       for (int64_t n = c0; n < c1; ++n)
         for (int64_t r0 = 0; r0 < M; r0 += MAX_ROWS)
           row(n, r0, std::min<int64_t>(MAX_ROWS, M - r0), yp + r0 * N + n, f.data() + (n - c0) * per_row);
@@ -310,6 +294,8 @@ at::Tensor run_rows(const at::Tensor& x, int64_t N, const at::Half* params, int6
   });
   return y;
 }
+
+}  // namespace
 
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& dm) {
   TORCH_CHECK(qs.dim() == 2 && qs.scalar_type() == at::kByte && qs.is_contiguous(),
@@ -346,7 +332,7 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor
         const char* pe = reinterpret_cast<const char*>(params + n1 * per_row);
         for (int64_t off = 0; off < CHUNK * per_row * 2 && pn + off < pe; off += 64) __builtin_prefetch(pn + off);
       }
-      halfs_to_float(params + c0 * per_row, f.data(), (c1 - c0) * per_row);
+      to_f32(params + c0 * per_row, f.data(), (c1 - c0) * per_row);
       for (int64_t r0 = 0; r0 < M; r0 += MAX_ROWS) {
         const int64_t R = std::min<int64_t>(MAX_ROWS, M - r0);
         for (int64_t n = c0; n < c1;) {
@@ -416,15 +402,4 @@ bool q_gemv_native() {
 #endif
 }
 
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(radixgen, m) {
-  m.def("q4_linear(Tensor x, Tensor qs, Tensor dm) -> Tensor");
-  m.def("q8_linear(Tensor x, Tensor codes, Tensor d) -> Tensor");
-  m.def("q_gemv_native() -> bool", &q_gemv_native);  // not a tensor op: a catch-all kernel
-}
-
-TORCH_LIBRARY_IMPL(radixgen, CPU, m) {
-  m.impl("q4_linear", &q4_linear);
-  m.impl("q8_linear", &q8_linear);
-}
+}  // namespace RADIXGEN_NS

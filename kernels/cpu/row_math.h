@@ -1,160 +1,25 @@
-// Vector math of the row kernels: included by attention.cpp inside its anonymous namespace.
-//
-// bf16 <-> float32 conversion, a branch-free exp for non-positive arguments, dot products, the 16-key score
-// and P x V register kernels of bf16 decode, and the online-softmax step of one row. AVX-512 / AVX-512-BF16
-// intrinsics behind #if, plain loops for the vectorizer elsewhere (the same source builds on any x86-64).
+// Row kernels of attention (kernels/cpu/attention_rows.h): the 8- and 16-key score kernels that read K rows in
+// place, the bf16 P x V register kernel and the online-softmax step of one row. AVX-512 / AVX-512-BF16 / AVX2
+// forms behind #if on the variant's macros (kernels/cpu/isa.h), plain loops for the vectorizer elsewhere.
 
 #pragma once
+
+#include <ATen/ATen.h>
+
+#include "vec_math.h"
+
+namespace RADIXGEN_NS {
 
 constexpr int BLK = 32;     // keys per block (scores of one block stay in L1)
 constexpr int QB = 64;      // queries per extend item
 constexpr int SMALL_M = 8;  // up to this many query rows, scores are dot products; above, a transposed K block
-constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
-
-inline float bf16_to_f32(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-inline uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN stays NaN
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-
-inline void to_f32(const float* src, float* dst, int n) { std::memcpy(dst, src, sizeof(float) * n); }
-inline void to_f32(const uint16_t* src, float* dst, int n) {
-#pragma omp simd
-  for (int i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
-}
-// float16 pools (--kv-cache-dtype float16): K/V only, widened to float32 on read (F16C where the CPU has it).
-inline float elem_f32(uint16_t h) { return bf16_to_f32(h); }  // a bf16 pool element
-inline float elem_f32(at::Half h) { return static_cast<float>(h); }
-inline void to_f32(const at::Half* src, float* dst, int n) {
-  int i = 0;
-#if defined(__F16C__)
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-#endif
-  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
-}
-inline void from_f32(const float* src, float* dst, int n) { std::memcpy(dst, src, sizeof(float) * n); }
-inline void from_f32(const float* src, uint16_t* dst, int n) {
-#pragma omp simd
-  for (int i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
-}
-
-// exp(x) for x <= 0 (scores minus their running max), 0 below -87 (and for -inf). Cephes-style polynomial,
-// relative error ~2e-7; branch-free so the loops calling it vectorize.
-inline float exp_neg(float x) {
-  float xc = std::max(x, -87.0f);
-  float n = std::floor(xc * 1.44269504088896341f + 0.5f);
-  float r = xc - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  int32_t e = int32_t(n) + 127;
-  uint32_t bits = uint32_t(e) << 23;
-  float s;
-  std::memcpy(&s, &bits, 4);
-  return x < -87.0f ? 0.0f : p * s;
-}
-
-// dot(a, b) over n floats. AVX-512 where the build machine has it (one horizontal sum per dot), else the
-// vectorizer's choice.
-inline float dot(const float* a, const float* b, int n) {
-#if defined(__AVX512F__)
-  if (n % 16 == 0) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int x = 0; x < n; x += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + x), _mm512_loadu_ps(b + x), acc);
-    return _mm512_reduce_add_ps(acc);
-  }
-#endif
-  float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-  for (int x = 0; x < n; ++x) acc += a[x] * b[x];
-  return acc;
-}
-
-#if defined(__AVX512F__)
-inline __m512 exp_neg16(__m512 x) {  // exp_neg on 16 lanes, same polynomial
-  const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f),
-                                                        _mm512_set1_ps(0.5f)),
-                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  const __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ), y);
-}
-#endif
 
 #if defined(__AVX2__) && defined(__FMA__)
-inline __m256 exp_neg8(__m256 x) {  // exp_neg on 8 lanes (AVX2), same polynomial
-  const __m256 xc = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-  return _mm256_and_ps(y, _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ));
-}
-
 // 8 elements of a float32 or float16 pool row as float32 lanes.
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 #if defined(__F16C__)
 inline __m256 load8(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 #endif
-
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-inline float hmax8(__m256 v) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
-}
-
-inline __m256 tail_mask8(int r) {  // all-ones in lanes [0, r), zeros elsewhere (r <= 0: none, r >= 8: all)
-  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(r), lanes));
-}
-
-// Horizontal sums of 8 vectors at once: lane i of the result is the sum of v[i]'s 8 lanes.
-inline __m256 reduce8(const __m256* v) {
-  // hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7]: after two levels the low 128 bits
-  // hold v0..v3 summed over lanes 0-3 (b0) or v4..v7 (b1), the high 128 bits the same over lanes 4-7.
-  const __m256 b0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
-  const __m256 b1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
-  return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
-}
 
 // Float32 scores of one query row against up to 8 keys read in place: out[j] = dot(q, krow[j]) for j < n,
 // d % 8 == 0 (q already scaled). The 8 accumulators stay in registers; one transposed reduction per 8 keys.
@@ -183,21 +48,6 @@ inline void scores8(const float* q, const KV* const* krow, int n, int d, float* 
 #endif
 
 #if defined(__AVX512F__)
-// Horizontal sums of 16 vectors at once: lane i of the result is the sum of v[i]'s 16 lanes.
-inline __m512 reduce16(const __m512* v) {
-  __m512 t[8], w[4];
-  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3]
-    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: that lane's sums of v[4i..4i+3]
-    const __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
-    w[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  constexpr int EVEN = _MM_SHUFFLE(2, 0, 2, 0), ODD = _MM_SHUFFLE(3, 1, 3, 1);
-  const __m512 x0 = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], EVEN), _mm512_shuffle_f32x4(w[0], w[1], ODD));
-  const __m512 x1 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], EVEN), _mm512_shuffle_f32x4(w[2], w[3], ODD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, EVEN), _mm512_shuffle_f32x4(x0, x1, ODD));
-}
-
 // One query row (q32: float32, unscaled; qb: the same row as raw bf16 when R is bf16) against up to 16 keys
 // read straight from the pool: out[j] = scale * dot(q, K[slot[j]]), j < n. D % 32 == 0.
 inline void scores16(const float* q32, const uint16_t* qb, const uint16_t* const* krow, int n, int d, float scale,
@@ -304,7 +154,7 @@ inline float softmax_block(float* s, int n, float old_max, float* sum) {
   __m512 acc = _mm512_setzero_ps();
   for (int j = 0; j < n; j += 16) {
     const __mmask16 k = j + 16 <= n ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1);
-    const __m512 p = _mm512_maskz_mov_ps(k, exp_neg16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mxv)));
+    const __m512 p = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mxv)));
     _mm512_mask_storeu_ps(s + j, k, p);
     acc = _mm512_add_ps(acc, p);
   }
@@ -319,13 +169,13 @@ inline float softmax_block(float* s, int n, float old_max, float* sum) {
   const __m256 mxv = _mm256_set1_ps(mx);
   __m256 acc = _mm256_setzero_ps();
   for (j = 0; j + 8 <= n; j += 8) {
-    const __m256 p = exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mxv));
+    const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mxv));
     _mm256_storeu_ps(s + j, p);
     acc = _mm256_add_ps(acc, p);
   }
   float tail = 0.0f;
   for (; j < n; ++j) {
-    s[j] = exp_neg(s[j] - mx);
+    s[j] = exp_f(s[j] - mx);
     tail += s[j];
   }
   *sum += hsum8(acc) + tail;
@@ -336,7 +186,7 @@ inline float softmax_block(float* s, int n, float old_max, float* sum) {
   float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
   for (int j = 0; j < n; ++j) {
-    const float p = exp_neg(s[j] - mx);
+    const float p = exp_f(s[j] - mx);
     s[j] = p;
     acc += p;
   }
@@ -344,3 +194,5 @@ inline float softmax_block(float* s, int n, float old_max, float* sum) {
   return mx;
 #endif
 }
+
+}  // namespace RADIXGEN_NS
