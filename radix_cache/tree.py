@@ -105,6 +105,9 @@ class RadixCache:
             raise ValueError("page_size must be at least 1")
         self.page_size = page_size
         self.free_slots = free_slots
+        # Called with each leaf `evict` is about to free, while it is still attached (so `path(leaf)` works):
+        # the hierarchical cache copies its KV to the second tier there. Must not change the tree.
+        self.on_evict: Callable[[TreeNode], None] | None = None
         self.hit_stats = HitStats()
         self._clock = 0
         self.root = TreeNode([], _EMPTY, None, 0)
@@ -259,6 +262,8 @@ class RadixCache:
         freed = 0
         while freed < num_tokens and heap:
             _, _, leaf = heapq.heappop(heap)
+            if self.on_evict is not None:
+                self.on_evict(leaf)
             parent = _parent(leaf)
             del parent.children[self.child_key(leaf.key)]
             leaf.parent = None
@@ -303,6 +308,17 @@ class RadixCache:
             out.append(node)
             stack.extend(node.children.values())
         return out
+
+    def path(self, node: TreeNode) -> tuple[list[int], torch.Tensor]:
+        """Token ids and KV slots (int64) of the whole path root -> node (node's edge last)."""
+        keys: list[list[int]] = []
+        vals: list[torch.Tensor] = []
+        while node is not self.root:
+            keys.append(node.key)
+            vals.append(node.value)
+            node = _parent(node)
+        ids = [t for k in reversed(keys) for t in k]
+        return ids, (torch.cat(vals[::-1]) if vals else _EMPTY)
 
     def all_slots(self) -> torch.Tensor:
         """Every slot the tree owns, int64 [total_size()] (for leak checks)."""

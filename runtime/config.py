@@ -94,6 +94,19 @@ class CacheConfig:
     """Turn off prefix reuse through the radix tree."""
     strict_memory_check: bool = False
     """Raise instead of warning when the idle KV invariant (free + evictable + locked == total) fails."""
+    enable_hierarchical_cache: bool = False
+    """Back the radix cache with a file tier on local disk (--hicache-dir): prefixes the pool evicts are loaded
+    back instead of recomputed, and survive a restart of a server with the same model file, dtype, KV dtype and
+    page layout (docs/hicache.md)."""
+    hicache_size: float = 8.0
+    """Size limit of the hierarchical cache's file tier in GB (least-recently-used entries are deleted past it)."""
+    hicache_dir: str = "~/.cache/radixgen/hicache"
+    """Directory of the hierarchical cache's file tier (one subdirectory per model identity)."""
+    hicache_write_policy: str = "write_through"
+    """When KV goes to the file tier: write_through (when a request leaves the pool, so a restart finds it) or
+    write_back (only what the pool evicts: fewer writes, but a restart loses what was never evicted)."""
+    hicache_min_load_tokens: int = 64
+    """Shortest run of tier tokens worth loading; a shorter one is recomputed (bench/results/hicache.md)."""
 
 
 @dataclass(frozen=True)
@@ -340,6 +353,11 @@ def resolve(cfg: Config) -> Config:
     if par.nnodes < 1 or par.tp_size % par.nnodes or not 0 <= par.node_rank < par.nnodes:
         raise ValueError(f"--nnodes {par.nnodes} must divide --tp-size {par.tp_size}, and --node-rank "
                          f"{par.node_rank} be in [0, {par.nnodes})")
+    if cfg.cache.hicache_write_policy not in ("write_through", "write_back"):
+        raise ValueError(f"--hicache-write-policy must be write_through or write_back, got "
+                         f"{cfg.cache.hicache_write_policy!r}")
+    if cfg.cache.hicache_size <= 0:
+        raise ValueError(f"--hicache-size must be positive (GB), got {cfg.cache.hicache_size}")
     sched = cfg.scheduler
     if sched.schedule_policy == "auto":
         policy = "fcfs" if cfg.cache.disable_radix_cache else "lpm"

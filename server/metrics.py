@@ -23,6 +23,25 @@ FINISH_REASONS = ("stop", "length", "abort")  # the scheduler's finish types
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
 
 
+
+# The hierarchical cache's file tier: (name, kind, help). backuped_/prefetched_tokens_total are SGLang's names
+# for tokens written to and read from its storage tier.
+HICACHE_METRICS = (
+    ("hicache_hits_total", "counter", "Requests whose prefix continued in the file tier and was loaded back."),
+    ("hicache_misses_total", "counter", "Requests whose prompt went past the pool's match and the tier had none of it."),
+    ("backuped_tokens_total", "counter", "Tokens written to the file tier."),
+    ("prefetched_tokens_total", "counter", "Tokens loaded back from the file tier instead of recomputed."),
+    ("hicache_backup_bytes_total", "counter", "Bytes written to the file tier."),
+    ("hicache_load_bytes_total", "counter", "Bytes loaded back from the file tier."),
+    ("hicache_load_seconds_per_token", "gauge", "Mean seconds to load one token's KV from the file tier."),
+    ("hicache_rejected_entries_total", "counter",
+     "Tier entries found torn, truncated, corrupt, foreign or stale: never served, recomputed."),
+    ("hicache_dropped_writes_total", "counter", "Tier writes dropped (queue full or an I/O error)."),
+    ("hicache_used_bytes", "gauge", "Bytes held by the file tier."),
+    ("hicache_total_bytes", "gauge", "Size limit of the file tier in bytes (--hicache-size)."),
+)
+
+
 class Histogram:
     def __init__(self, buckets: tuple[float, ...]) -> None:
         self.buckets = buckets
@@ -156,6 +175,9 @@ class Metrics:
                        [("", {}, s.get("spec_accept_rate", 0.0))])
                 metric("spec_verify_steps_total", "counter", "Speculative verify steps (one per request and step).",
                        [("", {}, s.get("spec_verify_ct", 0))])
+            if s.get("hicache"):  # --enable-hierarchical-cache (docs/hicache.md)
+                for key, kind, help_ in HICACHE_METRICS:
+                    metric(key, kind, help_, [("", {}, s.get(key, 0))])
             for key, help_ in (("num_grammar_total", "Constrained requests."),
                                ("num_grammar_cache_hit_total", "Grammar cache hits."),
                                ("num_grammar_timeout_total", "Grammar compiles that timed out.")):

@@ -163,7 +163,7 @@ async def flush_cache(request: Request) -> Response:
     out = await get_state(request).require_tm().flush_cache()
     if not out.success:
         raise RequestError(f"cache not flushed: {out.message}", None, "flush_failed")
-    return JSON({"success": True, "message": "Cache flushed."})
+    return JSON({"success": True, "message": out.message or "Cache flushed."})
 
 
 @router.post("/abort_request")

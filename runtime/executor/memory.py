@@ -29,6 +29,20 @@ class KVPool:
         self.num_slots = num_slots
         self.pad_slot = num_slots
 
+    def gather(self, slots: torch.Tensor) -> torch.Tensor:
+        """A CPU copy of the K and V at `slots` (int64 [n]), token-major: [n, 2, num_layers, kv_heads, head_dim]
+        (the hierarchical cache's unit of transfer)."""
+        idx = slots.to(self.k_cache.device)
+        out = torch.stack((self.k_cache[:, idx].transpose(0, 1), self.v_cache[:, idx].transpose(0, 1)), dim=1)
+        return out.cpu()
+
+    def scatter(self, slots: torch.Tensor, kv: torch.Tensor) -> None:
+        """Store `kv` ([n, 2, num_layers, kv_heads, head_dim], as `gather` returns) at `slots`."""
+        idx = slots.to(self.k_cache.device)
+        kv = kv.to(self.k_cache.device, self.k_cache.dtype)
+        self.k_cache[:, idx] = kv[:, 0].transpose(0, 1)
+        self.v_cache[:, idx] = kv[:, 1].transpose(0, 1)
+
     @staticmethod
     def bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * num_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()

@@ -4,6 +4,8 @@ The scheduler's collaborators never touch the allocator, the table or the tree d
 manager, which keeps the ownership rule: every slot is free, owned by the tree (evictable or locked), or
 owned by exactly one request (positions [tree_len, cached_len) of its row plus this step's new slots).
 With the radix cache disabled `tree` is None: nothing is shared, and a request frees all its slots.
+With a hierarchical cache (`hicache`), `admit` continues the tree's match with KV loaded from the file tier,
+and `release` (write_through) or eviction (write_back) backs the tree's KV up to it (runtime/scheduler/hicache.py).
 """
 
 from __future__ import annotations
@@ -15,16 +17,21 @@ import torch
 from radix_cache import RadixCache
 from runtime.executor.memory import ReqToTokenTable, SlotAllocator
 from runtime.scheduler.core import Req
+from runtime.scheduler.hicache import HiCache
 
 
 class KVManager:
-    def __init__(self, allocator: SlotAllocator, table: ReqToTokenTable, use_tree: bool) -> None:
+    def __init__(self, allocator: SlotAllocator, table: ReqToTokenTable, use_tree: bool,
+                 hicache: HiCache | None = None) -> None:
         self.allocator = allocator
         self.table = table
         self.page_size = allocator.page_size
         self.tree: RadixCache | None = (
             RadixCache(page_size=allocator.page_size, free_slots=allocator.free) if use_tree else None
         )
+        self.hicache = hicache if self.tree is not None else None
+        if self.hicache is not None and self.tree is not None:
+            self.hicache.attach(self.tree)
         # Called with each request that leaves the pool (`release`): other pools keyed by the request (the
         # speculative draft model's KV) free theirs.
         self.on_release: list[Callable[[Req], None]] = []
@@ -71,7 +78,32 @@ class KVManager:
                 req.last_node = m.last_node
                 req.cached_len = req.tree_len = m.length
                 self.table.write(row, 0, m.slots)
+                if self.hicache is not None:
+                    self._load_back(req, ids, m.length)
         return True
+
+    def _load_back(self, req: Req, ids: list[int], matched: int) -> None:
+        """Continue req's locked match with KV from the tier: fresh slots (evicting if needed; the match is
+        locked), the KV scattered into them, the tokens inserted into the tree and req's lock moved to the new
+        last node. Nothing changes when the tier has nothing worth loading or the pool has no room."""
+        assert self.tree is not None and self.hicache is not None
+        parts = self.hicache.fetch(ids, matched)
+        n = sum(kv.shape[0] for _, kv in parts)
+        slots = self.alloc(n) if n else None
+        if slots is None:
+            return
+        self.hicache.scatter(slots, parts)
+        end = matched + n
+        have = self.table.read(req.row_index, 0, matched)
+        already = self.tree.insert(ids[:end], torch.cat([have, slots]))
+        if already > matched:  # cannot happen while the match is locked; keep the slot ownership rule anyway
+            self.allocator.free(slots[: already - matched])
+        m = self.tree.match_prefix(ids[:end], record=False)
+        self.table.write(req.row_index, 0, m.slots)
+        self.tree.lock(m.last_node)
+        if req.last_node is not None:
+            self.tree.unlock(req.last_node)
+        req.last_node, req.cached_len, req.tree_len = m.last_node, m.length, m.length
 
     def alloc(self, n: int) -> torch.Tensor | None:
         """n fresh slots, evicting unlocked cache leaves if needed; None when even that is not enough."""
@@ -168,6 +200,8 @@ class KVManager:
                 self.allocator.free(slots[aligned:])
             if req.last_node is not None:
                 self.tree.unlock(req.last_node)
+            if self.hicache is not None and self.hicache.write_policy == "write_through" and aligned:
+                self.hicache.backup(ids[:aligned], self.tree.match_prefix(ids[:aligned], record=False).slots)
         self.table.free_row(req.row)
         req.row, req.last_node = None, None
         req.cached_len = req.tree_len = req.extend_len = 0
@@ -179,4 +213,6 @@ class KVManager:
         if self.tree.locked_size():
             return False
         self.tree.reset()
+        if self.hicache is not None:
+            self.hicache.clear()
         return True

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
     from runtime.constrained.seam import BaseGrammarBackend
     from runtime.scheduler.embedding import EmbeddingScheduler
+    from runtime.scheduler.hicache import HiCache
     from runtime.scheduler.scheduler import Scheduler
     from runtime.tokenizer.tokenizer import Tokenizer
 
@@ -116,12 +117,27 @@ def create_scheduler(cfg: Config) -> tuple[Scheduler | EmbeddingScheduler, Model
 
         draft = create_draft_runner(cfg, runner, tok)
     sched = Scheduler(runner, runner.allocator, runner.req_to_token, cfg, runner.eos_token_ids,
+                      hicache=_hicache(cfg, runner),
                       decode_fn=tok.decode, grammar_backend=_grammar_backend(cfg, tok),
                       # Forced grammar text is plain text: control-token spellings stay characters.
                       encode_fn=lambda text: tok.encode(text, add_special_tokens=False, allow_special=False),
                       token_bytes_fn=tok.token_bytes, draft_runner=draft)
     return sched, ModelInfo(runner.context_len, runner.vocab_size, runner.pool.num_slots,
                             fallbacks=fallbacks.recorded())
+
+
+def _hicache(cfg: Config, runner: Any) -> HiCache | None:
+    """The hierarchical cache over the runner's KV pool, keyed by everything that makes its bytes reusable."""
+    if not cfg.cache.enable_hierarchical_cache:
+        return None
+    from runtime.scheduler.hicache import create_hicache, model_identity
+
+    pool = runner.pool
+    identity = {**model_identity(str(runner.model_path)), "dtype": cfg.model.dtype,
+                "quantization": cfg.model.quantization, "kv_dtype": str(pool.k_cache.dtype),
+                "page_size": cfg.cache.page_size, "kv_shape": list(pool.k_cache.shape[:1]) + list(pool.k_cache.shape[2:]),
+                "layout": "token-major [n, 2, layers, kv_heads, head_dim]"}
+    return create_hicache(cfg.cache, pool, identity)
 
 
 def _grammar_backend(cfg: Config, tok: Tokenizer) -> BaseGrammarBackend | None:

@@ -50,6 +50,7 @@ from runtime.scheduler.cache import KVManager
 from runtime.scheduler.core import Batch, Req
 from runtime.scheduler.decode import DecodePlan, plan_decode, retract_ratio
 from runtime.scheduler.draft import DraftRunner
+from runtime.scheduler.hicache import HiCache
 from runtime.scheduler.output import ResultProcessor
 from runtime.scheduler.policy import order_waiting, preemption_victims
 from runtime.scheduler.prefill import PrefillAdder, PrefillPlan, reservation
@@ -85,12 +86,12 @@ class Scheduler:
         eos_ids: frozenset[int], decode_fn: Callable[[list[int]], str] | None = None,
         grammar_backend: BaseGrammarBackend | None = None,
         encode_fn: Callable[[str], list[int]] | None = None, token_bytes_fn: Callable[[int], bytes] | None = None,
-        draft_runner: DraftRunner | None = None,
+        draft_runner: DraftRunner | None = None, hicache: HiCache | None = None,
     ) -> None:
         self.cfg = cfg = resolve(cfg)
         self.runner = runner
         self.grammar_backend = grammar_backend
-        self.kv = KVManager(allocator, table, use_tree=not cfg.cache.disable_radix_cache)
+        self.kv = KVManager(allocator, table, use_tree=not cfg.cache.disable_radix_cache, hicache=hicache)
         self.spec = (create_speculator(cfg, self.kv, frozenset(eos_ids), runner.vocab_size, draft_runner)
                      if speculation_on(cfg.speculative) else None)
         self.processor = ResultProcessor(self.kv, runner.vocab_size, frozenset(eos_ids), cfg, decode_fn,
@@ -430,6 +431,8 @@ class Scheduler:
         if self.has_work():
             return FlushCacheOut(success=False, message="cannot flush the cache while requests are running")
         ok = self.kv.flush()
+        if ok and self.kv.hicache is not None:  # KVManager.flush also emptied the file tier
+            return FlushCacheOut(success=True, message="Cache flushed (the hierarchical cache's file tier too).")
         return FlushCacheOut(success=ok, message="" if ok else "the cache has locked entries")
 
     def internal_state(self) -> dict[str, Any]:
@@ -459,6 +462,7 @@ class Scheduler:
             "stall_steps": s["stall_steps"],
             **{f"stall_steps_{r}": s[f"stall_steps_{r}"] for r in STALL_REASONS},
             **self._spec_state(),
+            **(self.kv.hicache.state() if self.kv.hicache is not None else {}),
         }
 
     def _spec_state(self) -> dict[str, Any]:
