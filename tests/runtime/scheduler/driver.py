@@ -24,13 +24,15 @@ def chat(tok, question: str, system: str = SYSTEM) -> list[int]:
 class Driver:
     """A tiny in-test serving loop: submit requests, step until idle, collect outputs per rid."""
 
-    def __init__(self, runner, tok, allocator=None, grammar_backend=None, draft_runner=None, **cfg) -> None:
+    def __init__(self, runner, tok, allocator=None, grammar_backend=None, draft_runner=None, hicache=None,
+                 **cfg) -> None:
         self.runner = runner
         alloc = allocator or runner.allocator
         config = make_config(max_total_tokens=alloc.num_slots, strict_memory_check=True,
                              max_running_requests=runner.req_to_token.size, **cfg)
         self.sched = Scheduler(runner, alloc, runner.req_to_token, config, runner.eos_token_ids,
-                               tok.decode if tok is not None else None, grammar_backend, draft_runner=draft_runner)
+                               tok.decode if tok is not None else None, grammar_backend, draft_runner=draft_runner,
+                               hicache=hicache)
         self.outs: dict[str, list] = {}
 
     def submit(self, rid: str, ids: list[int], max_new: int = 16, **params) -> None:
