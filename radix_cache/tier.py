@@ -86,6 +86,11 @@ class _Job:
     kv: torch.Tensor
 
 
+def _buffer(t: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous CPU uint8 tensor."""
+    return memoryview(t.numpy()).cast("B")  # type: ignore[arg-type]
+
+
 def _write_atomic(path: str, parts: list[bytes | memoryview]) -> None:
     """Write `parts` to `path` through a temp file and an atomic rename (a crash leaves only the .tmp)."""
     tmp = path + ".tmp"
@@ -165,7 +170,7 @@ class TierStore:
         body = f.read(hlen)
         if magic != MAGIC or len(body) != hlen or zlib.crc32(body) != hcrc:
             return None
-        header = json.loads(body)
+        header: dict[str, Any] = json.loads(body)
         if header.get("identity") != self.identity or header.get("key") != key or header.get("dtype") not in _DTYPES:
             return None
         header["_payload_at"] = _PREFIX.size + hlen
@@ -231,7 +236,7 @@ class TierStore:
                 header = self._read_header(f, key)
                 if header is not None:
                     buf = torch.empty(self._expected_size(header) - header["_payload_at"], dtype=torch.uint8)
-                    got = f.readinto(memoryview(buf.numpy())) if buf.numel() else 0
+                    got = f.readinto(_buffer(buf)) if buf.numel() else 0
                     got += len(f.read(1))  # a longer file is as wrong as a shorter one
         except (OSError, ValueError) as e:
             if isinstance(e, OSError):
@@ -239,7 +244,7 @@ class TierStore:
                 self._warn("read", f"hierarchical cache read failed ({e}); recomputing")
             header = None
         ok = (header is not None and header.get("start") == start and header.get("tokens") == tokens
-              and got == buf.numel() and zlib.crc32(buf.numpy()) == header.get("crc32"))
+              and got == buf.numel() and zlib.crc32(_buffer(buf)) == header.get("crc32"))
         if not ok or header is None:
             self._forget(key)
             self._drop_file(path, rejected=True)

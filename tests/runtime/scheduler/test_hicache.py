@@ -229,3 +229,23 @@ TestWriteBackMachine.settings = _SETTINGS
 def test_zz_the_machines_loaded_from_the_tier():
     """Runs after the machines (file order): they must have exercised load-back, not only recompute."""
     assert HiCacheMachine.loads > 0 and WriteBackMachine.loads > 0
+
+
+def test_flags_metrics_and_server_info_fields(tmp_path):
+    from server.cli import build_parser, config_from_args
+    from server.metrics import HICACHE_METRICS, Metrics
+
+    ns = build_parser().parse_args(["serve", "--enable-hierarchical-cache", "--hicache-size", "0.5", "--hicache-dir",
+                                    str(tmp_path), "--hicache-write-policy", "write_back"])
+    c = config_from_args(ns).cache
+    assert c.enable_hierarchical_cache and c.hicache_size == 0.5 and c.hicache_write_policy == "write_back"
+    sched, runner, hc = build(tmp_path)
+    sched.handle(gen("a", prompt(7, 40), 2))
+    drain(sched)
+    state = sched.internal_state()
+    assert state["backuped_tokens_total"] == 40 and state["hicache_entries"] == 5
+    text = Metrics().render("sglang", "m", state)
+    for name, _, _ in HICACHE_METRICS:
+        assert f"sglang:{name}{{" in text, name
+    assert 'sglang:backuped_tokens_total{model_name="m"} 40' in text
+    assert "hicache" not in Metrics().render("sglang", "m", {"max_total_num_tokens": 10})
