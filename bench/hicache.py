@@ -135,9 +135,10 @@ def main() -> None:
     ap.add_argument("--pool-tokens", type=int, default=2400, help="KV pool of the chat part (~1/5 of the contexts)")
     ap.add_argument("--doc-tokens", type=int, default=3000)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--compile", action="store_true", help="torch.compile the decode graphs (minutes per server start here)")
     ap.add_argument("--tier-root", default=None, help="where the tier directories go (default: the temp dir)")
     args = ap.parse_args()
-    extra = {"num_threads": args.threads}
+    extra = {"num_threads": args.threads, "disable_compile": not args.compile}
     cfg = resolve(make_config(**extra))
     if args.part == "rag":
         rows = part_rag(args, extra)
