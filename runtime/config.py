@@ -358,6 +358,10 @@ def resolve(cfg: Config) -> Config:
                          f"{cfg.cache.hicache_write_policy!r}")
     if cfg.cache.hicache_size <= 0:
         raise ValueError(f"--hicache-size must be positive (GB), got {cfg.cache.hicache_size}")
+    if cfg.cache.enable_hierarchical_cache and cfg.parallel.tp_size > 1:
+        raise ValueError("--enable-hierarchical-cache cannot run with --tp-size > 1 (each rank holds a shard of the KV)")
+    if cfg.cache.enable_hierarchical_cache and cfg.speculative.speculative_draft_model_path is not None:
+        raise ValueError("--enable-hierarchical-cache cannot run with a draft model (its KV is not in the tier)")
     sched = cfg.scheduler
     if sched.schedule_policy == "auto":
         policy = "fcfs" if cfg.cache.disable_radix_cache else "lpm"

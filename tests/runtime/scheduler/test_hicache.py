@@ -249,3 +249,14 @@ def test_flags_metrics_and_server_info_fields(tmp_path):
         assert f"sglang:{name}{{" in text, name
     assert 'sglang:backuped_tokens_total{model_name="m"} 40' in text
     assert "hicache" not in Metrics().render("sglang", "m", {"max_total_num_tokens": 10})
+
+
+def test_settings_it_cannot_honour_are_refused():
+    import pytest
+
+    from runtime.config import resolve
+
+    for bad, word in (({"hicache_write_policy": "write_around"}, "write-policy"), ({"hicache_size": 0}, "size"),
+                      ({"tp_size": 2}, "tp-size")):
+        with pytest.raises(ValueError, match=word):
+            resolve(make_config(enable_hierarchical_cache=True, **bad))
