@@ -8,6 +8,8 @@ medians over rounds. The weights are hot in cache for the smaller shapes (a real
 float32 weights), so the step sums are a lower bound; the in-process and served runs measure the step.
 
     flock /tmp/radixgen-bench.lock .venv/bin/python bench/linear_cpu.py [--rounds 5] [--rows 1,2,4,8,16,32,64,256]
+
+--isa forces the ISA variant of the panel kernel (kernels/cpu/isa.h; default: the start-up choice).
 """
 
 from __future__ import annotations
@@ -59,8 +61,9 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--rows", default="1,2,4,8,16,32,64,256")
     ap.add_argument("--out", default="")
+    ap.add_argument("--isa", default="auto", help="ISA variant of the panel kernel (avx512, avx2, portable)")
     args = ap.parse_args()
-    ops.load()
+    isa = ops.cpu_isa(args.isa)
     g = torch.Generator().manual_seed(0)
     weights = {n: torch.randn(s, generator=g) / s[1] ** 0.5 for n, s in SHAPES.items()}
     rows = [int(r) for r in args.rows.split(",")]
@@ -83,7 +86,8 @@ def main() -> None:
     lines = [f"# float32 linears per row count (`bench/linear_cpu.py`), {cpu_model()}", "",
              f"`{' '.join(['.venv/bin/python', 'bench/linear_cpu.py', *sys.argv[1:]])}` on {describe()}, "
              f"{os.cpu_count()} cores, torch {torch.__version__}, threads {torch.get_num_threads()}, CPU flags "
-             f"{'with' if 'avx512f' in build.cpu_flags().split() else 'without'} AVX-512; medians of {args.rounds} "
+             f"{'with' if 'avx512f' in build.cpu_flags().split() else 'without'} AVX-512, panels on the {isa} variant; "
+             f"medians of {args.rounds} "
              "rounds. Step = 30 layers x (qkv + o + gate_up + down) + lm_head, in ms; weights hot in cache for "
              "the smaller shapes (a lower bound for a real step).", "",
              "| M | " + " | ".join(f"{k} step ms" for k in kernels) + " | panels vs mkl packed |",

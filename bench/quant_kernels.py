@@ -6,7 +6,9 @@ Each round times every (shape, M, kernel) once, alternating kernels inside a rou
 per-call time (each timing = --calls back-to-back calls). Prints a table of microseconds per call summed over
 one layer's four linears and the lm_head.
 
-    flock /tmp/radixgen-bench.lock python bench/quant_kernels.py [--rounds 7] [--threads 2]
+    flock /tmp/radixgen-bench.lock python bench/quant_kernels.py [--rounds 7] [--threads 2] [--isa avx512]
+
+--isa forces the ISA variant of the native kernels (kernels/cpu/isa.h; default: the start-up choice).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kernels.cpu.ops import panels_preferred  # noqa: E402
+from kernels.cpu import ops  # noqa: E402
 from kernels.quant import PanelWeight, linear, quantize, set_cpu_kernel, to_kernel  # noqa: E402
 from kernels.quant.cpu_blocks import native_available  # noqa: E402
 
@@ -34,12 +36,14 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--isa", default="auto", help="ISA variant of the native kernels (avx512, avx2, portable)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    print(f"native kernels: the {ops.cpu_isa(args.isa)} variant")
     g = torch.Generator().manual_seed(0)
     weights = {}
-    # panels: float32 in kernels/cpu/linear.cpp's column panels, the dense copies' form on AVX2 CPUs without AVX-512
-    kinds = ["fp32", "bf16", "int8", "int4"] + (["panels"] if panels_preferred() else []) + (
+    # panels: float32 in kernels/cpu/linear.cpp's column panels (the dense copies' form where they are preferred)
+    kinds = ["fp32", "bf16", "int8", "int4"] + (["panels"] if ops.panels_native() else []) + (
         ["q8", "q4"] if native_available() else [])
     for name, (n, k) in SHAPES.items():
         w = torch.randn(n, k, generator=g) * 0.05

@@ -56,25 +56,27 @@ constexpr int64_t PF_ROWS = 32;
 // the sum of the rounded block (not of x: then y is exactly W times the rounded x, whose error is sum_j W_j e_j;
 // with x's own sum the offset m would meet unrounded activations and the q-part's error would not cancel).
 struct QuantizedRows {
-  // natural order: a [M, K]; pair order (q4, pairs = true): 64 bytes per pair of blocks (2p, 2p + 1) of a row,
-  // a[2p][0:16], a[2p+1][0:16], a[2p][16:32], a[2p+1][16:32] (a missing odd block: zeros), row r's pairs from
-  // r * npairs, and s2 [M, npairs, 8]: s[2p] in lanes 0-3, s[2p+1] in lanes 4-7 (0 for a missing block).
+  // natural order (group 0): a [M, K]; group order (q4, group G = 2 for AVX2, 4 for AVX-512): 32 G bytes per
+  // group of G blocks (G g .. G g + G - 1) of a row, their codes 0-15 block after block, then their codes 16-31
+  // (G = 2: a[2p][0:16], a[2p+1][0:16], a[2p][16:32], a[2p+1][16:32]; missing blocks past the row's end: zeros),
+  // row r's groups from r * ngroups, and s2 [M, ngroups, 4 G]: s of block G g + j in lanes 4j .. 4j + 3 (0 for a
+  // missing block).
   std::vector<int8_t> a;
   std::vector<float> s, sum, s2;
 };
 
 inline int64_t num_pairs(int64_t nb) { return (nb + 1) / 2; }
 
-QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K, bool pairs = false) {
-  const int64_t nb = K / QK, np = num_pairs(nb);
-  QuantizedRows q{std::vector<int8_t>(pairs ? M * np * 64 : M * K, int8_t{0}), std::vector<float>(M * nb),
-                  std::vector<float>(M * nb), std::vector<float>(pairs ? M * np * 8 : 0, 0.0f)};
+QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K, int group = 0) {
+  const int64_t nb = K / QK, G = group, ng = G ? (nb + G - 1) / G : 0;
+  QuantizedRows q{std::vector<int8_t>(G ? M * ng * 32 * G : M * K, int8_t{0}), std::vector<float>(M * nb),
+                  std::vector<float>(M * nb), std::vector<float>(G ? M * ng * 4 * G : 0, 0.0f)};
   for (int64_t r = 0; r < M; ++r)
     for (int64_t b = 0; b < nb; ++b) {
       const float* xb = x + r * K + b * QK;
       // where the block's codes 0-15 and 16-31 go
-      int8_t* lo = pairs ? q.a.data() + (r * np + b / 2) * 64 + (b % 2) * 16 : q.a.data() + r * K + b * QK;
-      int8_t* hi = lo + (pairs ? 32 : 16);
+      int8_t* lo = G ? q.a.data() + (r * ng + b / G) * 32 * G + (b % G) * 16 : q.a.data() + r * K + b * QK;
+      int8_t* hi = lo + (G ? 16 * G : 16);
       float amax = 0.0f;
       bool finite = true;
       for (int i = 0; i < QK; ++i) {
@@ -96,7 +98,7 @@ QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K, bool pairs = f
         q.s[r * nb + b] = s;
         q.sum[r * nb + b] = s * static_cast<float>(sum);
       }
-      if (pairs) std::fill_n(q.s2.data() + (r * np + b / 2) * 8 + (b % 2) * 4, 4, s);
+      if (G) std::fill_n(q.s2.data() + (r * ng + b / G) * 4 * G + (b % G) * 4, 4, s);
     }
   return q;
 }
@@ -215,6 +217,63 @@ inline void q4_rows(int64_t nb, const uint8_t* qs, int64_t ldq, const float* f, 
       y[i + r * ldy] = hsum8(acc[i][r]) + dot_f32(f + i * per_row + nb, q.sum.data() + (r0 + r) * nb, nb);
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define RADIXGEN_QGEMV_AVX512 1
+// q4_rows on AVX-512: one 64-byte load holds four blocks' nibbles (group order G = 4), lanes 4j .. 4j + 3 of the
+// int32 sums belong to block 4g + j; u8 x s8 products summed by vpdpbusd where the CPU has AVX-512-VNNI, else by
+// maddubs + madd (both exact in int32). A last group of fewer than four blocks is read under a mask (zeros).
+template <int NR, int R>
+inline void q4_rows16(int64_t nb, const uint8_t* qs, int64_t ldq, const float* f, int64_t per_row,
+                      const QuantizedRows& q, int64_t r0, float* y, int64_t ldy) {
+  const int64_t ng = (nb + 3) / 4;
+  __m512 acc[NR][R];
+  for (int i = 0; i < NR; ++i)
+    for (int r = 0; r < R; ++r) acc[i][r] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+#if !defined(__AVX512VNNI__)
+  const __m512i ones = _mm512_set1_epi16(1);
+#endif
+  const int8_t* a4 = q.a.data() + r0 * ng * 128;  // group order, G = 4
+  const float* s4 = q.s2.data() + r0 * ng * 16;
+  for (int64_t g = 0; g < ng; ++g) {
+    const int64_t blocks = std::min<int64_t>(4, nb - 4 * g);
+    const __mmask64 wmask = blocks == 4 ? ~__mmask64(0) : (__mmask64(1) << (16 * blocks)) - 1;
+    const __mmask8 dmask = __mmask8((1u << blocks) - 1);
+    __m512i alo[R], ahi[R];
+    __m512 sv[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      alo[r] = _mm512_loadu_si512(a4 + (r * ng + g) * 128);
+      ahi[r] = _mm512_loadu_si512(a4 + (r * ng + g) * 128 + 64);
+      sv[r] = _mm512_loadu_ps(s4 + (r * ng + g) * 16);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < NR; ++i) {
+      const __m512i raw = _mm512_maskz_loadu_epi8(wmask, qs + i * ldq + g * 64);
+      const __m512i lo = _mm512_and_si512(raw, low4);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+      const __m128 d4 = _mm_maskz_loadu_ps(dmask, f + i * per_row + 4 * g);
+      const __m512 dv = _mm512_permutexvar_ps(quarter, _mm512_castps128_ps512(d4));
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+#if defined(__AVX512VNNI__)
+        const __m512i i32 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo[r]), hi, ahi[r]);
+#else
+        const __m512i i16 = _mm512_add_epi16(_mm512_maddubs_epi16(lo, alo[r]), _mm512_maddubs_epi16(hi, ahi[r]));
+        const __m512i i32 = _mm512_madd_epi16(i16, ones);
+#endif
+        acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i32), _mm512_mul_ps(dv, sv[r]), acc[i][r]);
+      }
+    }
+  }
+  for (int i = 0; i < NR; ++i)
+    for (int r = 0; r < R; ++r)
+      y[i + r * ldy] = _mm512_reduce_add_ps(acc[i][r]) +
+                       dot_f32(f + i * per_row + nb, q.sum.data() + (r0 + r) * nb, nb);
+}
+#endif
+
 template <int R>
 inline void q8_block(__m256 (&acc)[R], int64_t b, const int8_t* codes, const int8_t* const (&a)[R],
                      const float* const (&ds)[R]) {
@@ -295,6 +354,20 @@ at::Tensor run_rows(const at::Tensor& x, int64_t N, const at::Half* params, int6
   return y;
 }
 
+#ifdef RADIXGEN_QGEMV_AVX2
+// The q4 kernel of this variant: 64-byte groups of four blocks on AVX-512, 32-byte pairs on AVX2 (the activations'
+// group order matches: quantize_rows' group 4 or 2).
+template <int NR, int R>
+inline void q4_kernel(int64_t nb, const uint8_t* qs, int64_t ldq, const float* f, int64_t per_row,
+                      const QuantizedRows& q, int64_t r0, float* y, int64_t ldy) {
+#if defined(RADIXGEN_QGEMV_AVX512)
+  q4_rows16<NR, R>(nb, qs, ldq, f, per_row, q, r0, y, ldy);
+#else
+  q4_rows<NR, R>(nb, qs, ldq, f, per_row, q, r0, y, ldy);
+#endif
+}
+#endif
+
 }  // namespace
 
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& dm) {
@@ -307,8 +380,10 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor
               "q4_linear: dm must be contiguous float16 [N, 2, K / 32]");
   auto xc = x.contiguous();
   const int64_t M = xc.size(0), per_row = 2 * nb;
-#ifdef RADIXGEN_QGEMV_AVX2
-  const QuantizedRows q = quantize_rows(xc.data_ptr<float>(), M, K, true);
+#if defined(RADIXGEN_QGEMV_AVX512)
+  const QuantizedRows q = quantize_rows(xc.data_ptr<float>(), M, K, 4);
+#elif defined(RADIXGEN_QGEMV_AVX2)
+  const QuantizedRows q = quantize_rows(xc.data_ptr<float>(), M, K, 2);
 #else
   const QuantizedRows q = quantize_rows(xc.data_ptr<float>(), M, K);
 #endif
@@ -346,15 +421,15 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor
             const char* end = reinterpret_cast<const char*>(qp + N * (K / 2));
             for (int64_t off = 0; off < 4 * (K / 2) && ahead + off < end; off += 64)
               __builtin_prefetch(ahead + off);
-            q4_rows<4, 1>(nb, w, K / 2, fn, per_row, q, r0, yn, N);
+            q4_kernel<4, 1>(nb, w, K / 2, fn, per_row, q, r0, yn, N);
             n += 4;
             continue;
           }
           switch (R) {
-            case 4: q4_rows<1, 4>(nb, w, K / 2, fn, per_row, q, r0, yn, N); break;
-            case 3: q4_rows<1, 3>(nb, w, K / 2, fn, per_row, q, r0, yn, N); break;
-            case 2: q4_rows<1, 2>(nb, w, K / 2, fn, per_row, q, r0, yn, N); break;
-            default: q4_rows<1, 1>(nb, w, K / 2, fn, per_row, q, r0, yn, N); break;
+            case 4: q4_kernel<1, 4>(nb, w, K / 2, fn, per_row, q, r0, yn, N); break;
+            case 3: q4_kernel<1, 3>(nb, w, K / 2, fn, per_row, q, r0, yn, N); break;
+            case 2: q4_kernel<1, 2>(nb, w, K / 2, fn, per_row, q, r0, yn, N); break;
+            default: q4_kernel<1, 1>(nb, w, K / 2, fn, per_row, q, r0, yn, N); break;
           }
 #else
           for (int64_t r = 0; r < R; ++r) yn[r * N] = q4_dot_scalar(nb, w, fn, fn + nb, q, r0 + r, K);

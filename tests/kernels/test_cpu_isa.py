@@ -77,6 +77,21 @@ def test_linear_panels_matches_float64(isa: str, m: int, k: int, n: int) -> None
         assert torch.equal(ops.linear_panels(x[r : r + 1], ops.pack_panels(w)), y[r : r + 1])
 
 
+def test_linear_panels_same_bits_in_every_vector_variant() -> None:
+    """AVX-512 and AVX2 tiles both take one fused multiply-add per k in order: the same bits."""
+    ops.load()
+    vector = [v for v in ops.isas() if v != "portable"]
+    if len(vector) < 2:
+        pytest.skip("this CPU runs one vector variant only")
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(29, 576, generator=g), torch.randn(80, 576, generator=g)
+    try:
+        outs = [(ops.cpu_isa(v), ops.linear_panels(x, ops.pack_panels(w)))[1] for v in vector]
+    finally:
+        ops.cpu_isa("auto")
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
 # --- GEMV: Q4_1 / Q8_0 blocks ----------------------------------------------------------------------------------
 
 
