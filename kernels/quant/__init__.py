@@ -118,7 +118,7 @@ def to_kernel(q: QTensor, device: torch.device | str) -> QuantWeight:
     scales (GGUF Q8_0) is re-rounded to one scale per output channel (torch's CPU int8 kernel has no groups):
     codes change by at most half a per-channel step."""
     cpu = torch.device(device).type == "cpu"
-    if cpu and q.kind in ("int4", "int8") and use_native(q.shape[1], q.group):
+    if cpu and q.kind in ("int4", "int8") and use_native(q.shape[1], q.group, q.kind):
         if q.kind == "int4":
             assert q.zero is not None  # every int4 QTensor has zero points
             return Q4BlockWeight(q.codes, q.scale, q.zero)

@@ -13,8 +13,8 @@ more rows one dense GEMM (QuantWeight._dense_mm), as torch's layouts do.
 
 Which layout CPU weights get is process-wide (`set_cpu_kernel`, from --quantization-kernel): "native" these,
 "torch" torch's int4pack/int8pack layouts (kernels/quant/weights.py), "auto" native on x86 CPUs with AVX2, FMA
-and F16C and no AVX-512 (where it was measured: bench/results/quant.md) when the extension builds, else torch
-(AVX-512 CPUs keep torch's kernels until measured there, as they keep MKL for float32 linears).
+and F16C and no AVX-512 (measured: bench/results/quant.md) when the extension builds; on AVX-512 CPUs native for
+the 4-bit blocks and torch's int8 kernel for the 8-bit ones (bench/results/cpu_kernels-avx512.md); else torch.
 """
 
 from __future__ import annotations
@@ -67,11 +67,13 @@ def missing_isa() -> str:
     return ", ".join(sorted({"avx2", "fma", "f16c"} - set(cpu_build.cpu_flags().split())))
 
 
-def use_native(k: int, group: int) -> bool:
-    """Whether a CPU weight with K inputs and scale groups of `group` is packed in these block layouts."""
+def use_native(k: int, group: int, kind: str = "int4") -> bool:
+    """Whether a CPU weight of `kind` ("int4" or "int8") with K inputs and scale groups of `group` is packed in
+    these block layouts. Auto on AVX-512: the 4-bit blocks only (the AVX-512 q4 GEMV beats torch's int4 at one
+    row, 1.40x a layer; the q8 GEMV did not beat torch's int8 there: bench/results/cpu_kernels-avx512.md)."""
     if _kernel == "torch" or k % QK or group % QK:
         return False
-    if _kernel == "auto" and "avx512f" in cpu_build.cpu_flags().split():
+    if _kernel == "auto" and "avx512f" in cpu_build.cpu_flags().split() and kind != "int4":
         return False
     if not native_available():
         if not missing_isa():  # the CPU has the ISA: the build or load failed, so torch's kernels run instead
