@@ -77,6 +77,18 @@ class ModelConfig:
     disable_compile: bool = False
     """CPU: run the forward eagerly instead of torch.compile'd (inductor) decode graphs per batch-size bucket
     (RADIXGEN_DISABLE_COMPILE=1 does the same; the test suite sets it)."""
+    compile_mode: str = "background"
+    """CPU decode graphs: background (answer /health at once and decode eagerly while a nice-19 process compiles
+    each bucket into an AOTInductor package; each bucket swaps in at a step boundary once ready), sync (compile
+    them before the server is ready), jit (in-process torch.compile before ready, nothing kept across
+    restarts) or off (eager; --disable-compile is the same). Compiled packages are kept in the artifact cache
+    (--compile-cache-dir), so a restart with the same model, dtype, quantization, code, torch and CPU loads
+    them in about a second (docs/startup.md)."""
+    compile_cache_dir: str | None = None
+    """Artifact cache of compiled decode graphs (default: RADIXGEN_CACHE_DIR, else ~/.cache/radixgen/graphs).
+    `radixgen cache clear` removes it."""
+    compile_cache_max_mb: int = 4096
+    """Size bound of the artifact cache in MiB (least recently used entries are removed beyond it)."""
     compile_max_bs: int = 32
     """CPU: largest compiled decode bucket (one compile per bucket up to it); a larger decode batch replays it
     once per this many rows, extend steps run eagerly."""
@@ -332,6 +344,9 @@ SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerCo
             "parallel": ParallelConfig}
 
 
+COMPILE_MODES = ("background", "sync", "jit", "off")
+
+
 def make_config(**flat: object) -> Config:
     """Build a Config from flat keyword arguments (`Engine(max_total_tokens=512)`); unknown names raise."""
     parts: dict[str, dict] = {name: {} for name in SECTIONS}
@@ -374,6 +389,10 @@ def resolve(cfg: Config) -> Config:
 
         model = dataclasses.replace(model, device="cuda" if torch.cuda.is_available() else "cpu")
     model = dataclasses.replace(model, quantization=_resolve_quantization(model))
+    if model.compile_mode not in COMPILE_MODES:
+        raise ValueError(f"unknown --compile-mode {model.compile_mode!r} (one of {', '.join(COMPILE_MODES)})")
+    if model.disable_compile:  # the older spelling of --compile-mode off
+        model = dataclasses.replace(model, compile_mode="off")
     if cfg.parallel.tp_size > 1 and model.quantization == "gguf":  # shards are cut from dense weights
         if cfg.model.quantization == "gguf":
             raise ValueError("--quantization gguf cannot run with --tp-size > 1 (shards are cut from dense weights)")

@@ -31,6 +31,9 @@ class Env:
     disable_compile: bool = False
     """RADIXGEN_DISABLE_COMPILE: 1 runs the CPU forward eagerly whatever --disable-compile says (tests set it so
     that only the tests marked for it pay for inductor compiles)."""
+    cache_dir: str | None = None
+    """RADIXGEN_CACHE_DIR: the compiled decode graph cache (default ~/.cache/radixgen/graphs;
+    --compile-cache-dir wins)."""
 
 
 def _get(name: str, cast: Callable[[str], T], default: T) -> T:
@@ -60,4 +63,5 @@ def load_env() -> Env:
         abort_confirm_timeout=_get("ABORT_CONFIRM_TIMEOUT", float, d.abort_confirm_timeout),
         parent_poll_interval=_get("PARENT_POLL_INTERVAL", float, d.parent_poll_interval),
         disable_compile=_get("DISABLE_COMPILE", _flag, d.disable_compile),
+        cache_dir=_get("CACHE_DIR", str, d.cache_dir),
     )

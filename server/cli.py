@@ -24,6 +24,7 @@ CHOICES = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "kv_cache_dtype": config_mod.KV_CACHE_DTYPES,
     "device": ("auto", "cpu", "cuda"),
+    "compile_mode": config_mod.COMPILE_MODES,
     "attention_backend": ("auto", "cpu", "torch", "triton", "flashinfer"),
     "schedule_policy": ("auto", "lpm", "fcfs", "dfs-weight"),
     "grammar_backend": ("llguidance", "xgrammar", "outlines", "none"),
@@ -64,7 +65,24 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve the native and OpenAI-compatible HTTP APIs",
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_config_flags(serve)
+    cache = sub.add_parser("cache", help="the compiled decode graph cache (RADIXGEN_CACHE_DIR, else "
+                                         "~/.cache/radixgen/graphs)")
+    cache.add_argument("action", choices=("clear", "info"), help="clear: remove it; info: its path and size")
+    cache.add_argument("--compile-cache-dir", dest="compile_cache_dir", default=None, help="the cache's path")
     return parser
+
+
+def run_cache(action: str, root: str | None) -> int:
+    from runtime.env import load_env
+    from runtime.executor.artifact_cache import ArtifactCache
+
+    cache = ArtifactCache(root or load_env().cache_dir)
+    if action == "clear":
+        print(f"removed {cache.root} ({cache.clear() / 2**20:.1f} MiB)")
+    else:
+        entries = cache.entries()
+        print(f"{cache.root}: {len(entries)} entries, {sum(e[1] for e in entries) / 2**20:.1f} MiB")
+    return 0
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = ["serve", *argv]  # `radixgen --model-path ...` behaves like `radixgen serve ...`
     parser = build_parser()
     ns = parser.parse_args(argv)
+    if ns.command == "cache":
+        return run_cache(ns.action, ns.compile_cache_dir)
     if ns.command != "serve":
         parser.print_help()
         return 2

@@ -178,6 +178,11 @@ class Metrics:
             if s.get("hicache"):  # --enable-hierarchical-cache (docs/hicache.md)
                 for key, kind, help_ in HICACHE_METRICS:
                     metric(key, kind, help_, [("", {}, s.get(key, 0))])
+            if "compiled_buckets" in s:  # CPU decode graphs (--compile-mode background/sync)
+                metric("compiled_decode_buckets", "gauge", "Decode batch-size buckets running compiled graphs.",
+                       [("", {}, len(s["compiled_buckets"]))])
+                metric("pending_decode_buckets", "gauge", "Decode buckets still running eagerly (compiling).",
+                       [("", {}, len(s.get("pending_buckets", [])))])
             for key, help_ in (("num_grammar_total", "Constrained requests."),
                                ("num_grammar_cache_hit_total", "Grammar cache hits."),
                                ("num_grammar_timeout_total", "Grammar compiles that timed out.")):

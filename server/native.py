@@ -149,7 +149,7 @@ async def get_server_info(request: Request) -> Response:
                 max_req_input_len=tm.context_len - (0 if tm.info.is_embedding else 1), context_length=tm.context_len,
                 is_embedding=tm.info.is_embedding,
                 internal_states=[internal], version=_version(),
-                fallbacks={**tm.info.fallbacks, **fallbacks.recorded()})
+                fallbacks={**tm.info.fallbacks, **internal.get("fallbacks", {}), **fallbacks.recorded()})
     return JSON(info)
 
 

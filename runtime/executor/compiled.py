@@ -25,11 +25,13 @@ import torch
 from tqdm import tqdm
 
 from kernels import fallbacks
-from runtime.executor.cuda_graph import CPU_BUCKETS, DecodeGraphRunner, Forward, capture_buckets
+from runtime.executor.cuda_graph import CPU_BUCKETS, DecodeGraphRunner, Forward, Graph, capture_buckets
 from runtime.models.attn_op import opaque_attend, register_backend
 
 if TYPE_CHECKING:
     from kernels.api import BaseAttnBackend
+    from runtime.executor.compile_manager import CompileManager
+    from runtime.executor.model_runner import ModelRunner
     from runtime.models.llama import LlamaForCausalLM
 
 log = logging.getLogger(__name__)
@@ -93,3 +95,35 @@ def build_compiled_decode(model: LlamaForCausalLM, attn: BaseAttnBackend, req_to
     if progress:
         print(msg, flush=True)
     return runner
+
+
+def start_packaged_decode(runner: ModelRunner, max_bs: int) -> CompileManager:
+    """--compile-mode background/sync: decode graphs from AOTInductor packages in the artifact cache, each
+    bucket replayed once loaded (runtime/executor/compile_manager.py). Cached buckets load now; the rest
+    compile here (sync) or in a background process (background)."""
+    import dataclasses
+
+    from runtime.env import load_env
+    from runtime.executor import aot_graph
+    from runtime.executor.artifact_cache import ArtifactCache
+    from runtime.executor.compile_manager import CompileManager
+
+    mc = runner.cfg.model
+    backend_id = register_backend(runner.attn)
+    graphs = DecodeGraphRunner(runner.model, runner.attn, runner.req_to_token.table, runner.pool.pad_slot, max_bs,
+                               graph_factory=_loads_only, attend=opaque_attend(backend_id), buckets=CPU_BUCKETS,
+                               label="compiled graphs", split_larger=True)
+    cache = ArtifactCache(mc.compile_cache_dir or load_env().cache_dir, mc.compile_cache_max_mb << 20)
+    base = aot_graph.key_base(runner.model_path, mc.dtype, mc.quantization, mc.quantization_kernel,
+                              mc.kv_cache_dtype, mc.attention_backend, backend_id,
+                              {"quantization_dense_rows": mc.quantization_dense_rows,
+                               "quantization_group_size": mc.quantization_group_size,
+                               "num_threads": mc.num_threads, "fallbacks": sorted(fallbacks.recorded())})
+    job = {"model": {**dataclasses.asdict(mc), "model_path": runner.model_path}, "backend_id": backend_id}
+    manager = CompileManager(graphs, mc.compile_mode, cache, base, job)
+    manager.start()
+    return manager
+
+
+def _loads_only() -> Graph:
+    raise AssertionError("packaged decode graphs are added one bucket at a time (CompileManager)")

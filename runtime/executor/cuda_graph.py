@@ -164,20 +164,35 @@ class DecodeGraphRunner:
                 self.max_bs, self.buckets, self.model.arch.num_heads, self.req_to_token.shape[1]
             )
         for bs in reversed(self.buckets):  # largest first: smaller graphs reuse its pool memory
-            self.static[:, :bs] = pad_decode_metadata(_empty_decode(), bs, self.pad_slot).to(self.device)
-            self._init_attn(bs, (1,) * bs)
-            g = self.graph_factory()
-            self.outputs[bs] = g.capture(self.body, self._args(bs))
-            self.graphs[bs] = g
-            if self.on_bucket is not None:
-                self.on_bucket(bs)
+            self.add_graph(bs, self.graph_factory())
         self.capture_seconds = time.perf_counter() - t
         log.info("captured %d decode %s (batch sizes %s) in %.1f s",
                  len(self.buckets), self.label, ",".join(map(str, self.buckets)), self.capture_seconds)
 
+    def prepare_bucket(self, bs: int) -> tuple[DecodeBody, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The captured function and its args for bucket `bs`, the static buffers holding all-padding rows."""
+        self.static[:, :bs] = pad_decode_metadata(_empty_decode(), bs, self.pad_slot).to(self.device)
+        self._init_attn(bs, (1,) * bs)
+        return self.body, self._args(bs)
+
+    @torch.inference_mode()
+    def add_graph(self, bs: int, g: Graph) -> None:
+        """Capture `g` for bucket `bs`; from then on decode batches that need only ready buckets replay them
+        (a runner may fill its buckets one at a time, between steps)."""
+        self.outputs[bs] = g.capture(*self.prepare_bucket(bs))
+        self.graphs[bs] = g
+        if self.on_bucket is not None:
+            self.on_bucket(bs)
+
     def can_run(self, fb: ForwardBatch) -> bool:
-        fits = fb.batch_size <= self.max_bs or self.split_larger
-        return fb.is_decode and fits and fb.logits_indices.numel() == fb.batch_size
+        bs = fb.batch_size
+        fits = bs <= self.max_bs or self.split_larger
+        if not (fb.is_decode and fits and fb.logits_indices.numel() == bs):
+            return False
+        if bs <= self.max_bs:
+            return bucket_for(self.buckets, bs) in self.graphs
+        rest = bs % self.max_bs
+        return self.max_bs in self.graphs and (rest == 0 or bucket_for(self.buckets, rest) in self.graphs)
 
     @torch.inference_mode()
     def replay(self, fb: ForwardBatch) -> torch.Tensor:

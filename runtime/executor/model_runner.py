@@ -29,7 +29,8 @@ from kernels.cpu import ops as cpu_ops
 from runtime.config import Config, resolve
 from runtime.env import load_env
 from runtime.executor import tp
-from runtime.executor.compiled import build_compiled_decode
+from runtime.executor.compile_manager import CompileManager
+from runtime.executor.compiled import build_compiled_decode, start_packaged_decode
 from runtime.executor.cuda_graph import CudaGraphRunner, DecodeGraphRunner
 from runtime.executor.forward_batch import ForwardBatch
 from runtime.executor.memory import KVPool, ReqToTokenTable, SlotAllocator, gpu_kv_slots
@@ -105,14 +106,19 @@ class ModelRunner:
         log.info("model %s: %d layers, KV pool %d slots (%s), backend %s, %s",
                  self.model_path, arch.num_layers, num_slots, mc.kv_cache_dtype, mc.attention_backend, mc.dtype)
         self.graph_runner: DecodeGraphRunner | None = None
+        self.compile: CompileManager | None = None  # --compile-mode background/sync: buckets and their source
         if self.tp_size > 1:
             log.info("tensor parallel rank %d/%d: eager forward (no compiled or captured graphs)", self.tp_rank,
                      self.tp_size)
-        elif self.device.type == "cpu" and not (mc.disable_compile or load_env().disable_compile):
+        elif self.device.type == "cpu" and mc.compile_mode != "off" and not load_env().disable_compile:
             max_bs = min(mc.compile_max_bs, cfg.scheduler.max_running_requests)
-            self.graph_runner = build_compiled_decode(
-                self.model, self.attn, self.req_to_token.table, self.pool.pad_slot, max_bs, progress
-            )
+            if mc.compile_mode == "jit":
+                self.graph_runner = build_compiled_decode(
+                    self.model, self.attn, self.req_to_token.table, self.pool.pad_slot, max_bs, progress
+                )
+            else:
+                self.compile = start_packaged_decode(self, max_bs)
+                self.graph_runner = self.compile.graphs
         if self.device.type == "cuda" and not mc.disable_cuda_graph and self.tp_size == 1:
             if self.attn.supports_cuda_graph:
                 max_bs = min(mc.cuda_graph_max_bs, cfg.scheduler.max_running_requests)
@@ -123,6 +129,12 @@ class ModelRunner:
             else:
                 log.warning("attention backend %s cannot run under CUDA graphs: decoding eagerly",
                             mc.attention_backend)
+
+    def compile_state(self) -> dict[str, object]:
+        """Which decode buckets run compiled and where they came from (empty unless background/sync)."""
+        if self.compile is None:
+            return {}
+        return self.compile.state()
 
     def sibling(self, num_slots: int | None = None) -> ModelRunner:
         """A runner over the same weights with its own KV pool (`num_slots`, default as many as this one's),
@@ -166,6 +178,8 @@ class ModelRunner:
 
     def forward_local(self, fb: ForwardBatch) -> torch.Tensor:
         """This rank's forward of `fb` (its req_to_token rows already in the table)."""
+        if self.compile is not None:
+            self.compile.poll()  # a step boundary: swap in buckets compiled since the last step
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             return self.graph_runner.replay(fb)
         lens = [torch.tensor(x, dtype=torch.int64) for x in (fb.seq_lens, fb.prefix_lens, fb.extend_lens)]

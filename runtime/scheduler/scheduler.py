@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from kernels import fallbacks
 from runtime.config import Config, resolve
 from runtime.constrained.seam import BaseGrammarBackend, CompileFuture, Grammar
 from runtime.constrained.thinking import ThinkingVocab, wrap_thinking
@@ -463,7 +464,13 @@ class Scheduler:
             **{f"stall_steps_{r}": s[f"stall_steps_{r}"] for r in STALL_REASONS},
             **self._spec_state(),
             **(self.kv.hicache.state() if self.kv.hicache is not None else {}),
+            **self._compile_state(),
         }
+
+    def _compile_state(self) -> dict[str, Any]:
+        """Compiled decode buckets (a runner with `compile_state`) and this process's fallbacks so far."""
+        state = getattr(self.runner, "compile_state", None)
+        return {**(state() if state is not None else {}), "fallbacks": fallbacks.recorded()}
 
     def _spec_state(self) -> dict[str, Any]:
         """Speculative decoding counters, mean tokens per verify step and draft acceptance rate (when on)."""

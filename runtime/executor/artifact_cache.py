@@ -1,0 +1,140 @@
+"""On-disk cache of compiled decode graphs (AOTInductor packages), one entry per key.
+
+Layout under the root (default ~/.cache/radixgen/graphs, RADIXGEN_CACHE_DIR or --compile-cache-dir):
+  <digest>/graph.pt2      the package (a zip: generated C++ .so, the exported program, embedded weights)
+  <digest>/entry.json     {"key": {...}, "sha256": hex of graph.pt2, "bytes": n}, written last
+where <digest> is sha256 of the key's canonical JSON. An entry is trusted only when entry.json parses, its key
+equals the key asked for (a foreign or colliding directory is not) and graph.pt2 hashes to its sha256 (a
+truncated or altered file is not). Anything else is removed and counted as `rejected`; the caller recompiles.
+
+Writers publish atomically: the package and manifest go into a temporary directory beside the entries, which
+is renamed into place, so a reader never sees a half-written entry. After each store the least recently used
+entries (by entry.json's mtime, touched on every hit) are removed until the total is under `max_bytes`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PACKAGE, MANIFEST = "graph.pt2", "entry.json"
+DEFAULT_MAX_BYTES = 4 << 30
+
+
+def default_root() -> Path:
+    """~/.cache/radixgen/graphs (XDG_CACHE_HOME respected)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "radixgen" / "graphs"
+
+
+def key_digest(key: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class ArtifactCache:
+    def __init__(self, root: str | Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.root = Path(root) if root else default_root()
+        self.max_bytes = max_bytes
+        self.hits = self.misses = self.rejected = 0
+
+    def entry_dir(self, key: dict[str, Any]) -> Path:
+        return self.root / key_digest(key)
+
+    def lookup(self, key: dict[str, Any]) -> Path | None:
+        """The package path of a verified entry for `key`, or None (missing; or rejected and removed)."""
+        d = self.entry_dir(key)
+        manifest = d / MANIFEST
+        if not manifest.exists():
+            self.misses += 1
+            return None
+        why = self._verify(d, key)
+        if why is not None:
+            self.rejected += 1
+            log.warning("compiled graph cache: rejected entry %s (%s); it will be recompiled", d, why)
+            shutil.rmtree(d, ignore_errors=True)
+            return None
+        self.hits += 1
+        os.utime(manifest)  # LRU: most recently used
+        return d / PACKAGE
+
+    def _verify(self, d: Path, key: dict[str, Any]) -> str | None:
+        """None when the entry is trustworthy, else why not."""
+        try:
+            meta = json.loads((d / MANIFEST).read_text())
+        except (OSError, ValueError) as e:
+            return f"unreadable manifest: {type(e).__name__}"
+        if not isinstance(meta, dict) or meta.get("key") != key:
+            return "key mismatch"
+        pkg = d / PACKAGE
+        try:
+            if pkg.stat().st_size != meta.get("bytes") or file_sha256(pkg) != meta.get("sha256"):
+                return "checksum mismatch"
+        except OSError as e:
+            return f"unreadable package: {type(e).__name__}"
+        return None
+
+    def store(self, key: dict[str, Any], package: Path) -> Path:
+        """Move `package` into the entry for `key` (replacing any old one); returns its final path."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root))
+        shutil.move(str(package), tmp / PACKAGE)
+        meta = {"key": key, "sha256": file_sha256(tmp / PACKAGE), "bytes": (tmp / PACKAGE).stat().st_size}
+        (tmp / MANIFEST).write_text(json.dumps(meta, sort_keys=True))
+        d = self.entry_dir(key)
+        if d.exists():
+            shutil.rmtree(d, ignore_errors=True)
+        os.replace(tmp, d)
+        self.evict(keep=d)
+        return d / PACKAGE
+
+    def entries(self) -> list[tuple[Path, int, float]]:
+        """(dir, bytes, last use) of every published entry."""
+        out = []
+        if not self.root.is_dir():
+            return out
+        for d in self.root.iterdir():
+            m = d / MANIFEST
+            if d.name.startswith(".") or not m.exists():
+                continue
+            size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+            out.append((d, size, m.stat().st_mtime))
+        return out
+
+    def evict(self, keep: Path | None = None) -> int:
+        """Remove least recently used entries (never `keep`) until the total is <= max_bytes; returns how many."""
+        entries = sorted(self.entries(), key=lambda e: e[2])
+        total = sum(e[1] for e in entries)
+        n = 0
+        for d, size, _ in entries:
+            if total <= self.max_bytes:
+                break
+            if d == keep:
+                continue
+            shutil.rmtree(d, ignore_errors=True)
+            total -= size
+            n += 1
+        return n
+
+    def clear(self) -> int:
+        """Remove the whole cache (entries and leftovers); returns the bytes freed."""
+        if not self.root.exists():
+            return 0
+        freed = sum(f.stat().st_size for f in self.root.rglob("*") if f.is_file())
+        shutil.rmtree(self.root, ignore_errors=True)
+        return freed
