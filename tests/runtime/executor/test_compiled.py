@@ -26,12 +26,14 @@ def tiny_path(tmp_path_factory) -> str:
     return tiny_checkpoint(tmp_path_factory.mktemp("tiny"), "llama")
 
 
-def _runner(path: str, dtype: str, compiled: bool, max_bs: int = 32):
+def _runner(path: str, dtype: str, compiled: bool, max_bs: int = 32, mode: str = "jit"):
+    """compiled: the in-process torch.compile path (--compile-mode jit) unless `mode` says otherwise."""
     mp = pytest.MonkeyPatch()
     mp.setenv("RADIXGEN_DISABLE_COMPILE", "0")
     try:
         cfg = make_config(model_path=path, dtype=dtype, max_total_tokens=8192, max_running_requests=40,
-                          disable_compile=not compiled, compile_max_bs=max_bs, quantization="none")  # dense
+                          compile_mode=mode if compiled else "off", compile_max_bs=max_bs,
+                          quantization="none")  # dense
         return create_model_runner(cfg, progress=False)
     finally:
         mp.undo()
@@ -119,6 +121,7 @@ def test_bucket_boundary_crossing_mid_generation(fp32_pair):
 
 def test_bf16_compiled_logits_close_to_bf16_eager(tiny_path):
     eager, compiled = _runner(tiny_path, "bfloat16", False), _runner(tiny_path, "bfloat16", True, max_bs=4)
+    assert compiled.graph_runner is not None and set(compiled.graph_runner.graphs) == {1, 2, 4}
     prompts = _prompts(3, seed=5)
     for a, b in zip(_decode_logits(eager, prompts, 3), _decode_logits(compiled, prompts, 3), strict=True):
         torch.testing.assert_close(b, a, atol=5e-2, rtol=2e-2)
@@ -160,6 +163,8 @@ def test_smollm2_bf16_compiled_bucket_close_to_eager(smollm_path):
     ref_ops = _runner(smollm_path, "bfloat16", False)
     ref_ops.model.ew = REF_ELEMENTWISE  # the op graph inductor traces, run eagerly
     ref = _runner(smollm_path, "float32", False)
+    assert compiled.graph_runner is not None and set(compiled.graph_runner.graphs) == {1}
+    before = compiled.graph_runner.replays
     runners = {"ref_ops": ref_ops, "compiled": compiled, "native": native, "fp32": ref}
     logits = {k: [] for k in runners}
     for prompt in ([1, 504, 3458, 314, 260, 1345, 28, 3148, 30], [1, 2022, 4462, 253, 7355, 30]):
@@ -171,6 +176,7 @@ def test_smollm2_bf16_compiled_bucket_close_to_eager(smollm_path):
         assert err[k].max().item() <= 1.25 * err["ref_ops"].max().item() + 0.125, (k, err[k].max(), err["ref_ops"].max())
     for k in ("ref_ops", "compiled", "native"):
         assert [x.argmax(-1).tolist() for x in logits[k]] == [x.argmax(-1).tolist() for x in logits["fp32"]], k
+    assert compiled.graph_runner.replays - before == 2 * 4  # every decode step of both prompts was compiled
 
 
 def test_auto_dtype_is_bf16_only_on_cpus_with_native_bf16(tmp_path, monkeypatch):

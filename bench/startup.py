@@ -1,0 +1,134 @@
+"""Start-up of `radixgen serve` on the default model, each start timed as a whole process from its launch.
+
+cold: an empty artifact cache (and an empty inductor cache): time to /health 200, decode tok/s delivered in
+      the first 30 s (one greedy request of 32 tokens at a time, from /health on), time until every bucket is
+      compiled (from /get_server_info; no load after the first 30 s so the background compiler has the CPU).
+warm: the cache the cold start filled: time to /health 200, time until every bucket runs compiled (the
+      compiled speed), and the decode tok/s then.
+Runs alternate cold/warm; medians over --rounds. Results: bench/results/startup.md.
+
+  python bench/startup.py --rounds 3 [--cold-rounds 1] [--compile-max-bs 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.machine import describe as describe_cpu  # noqa: E402
+
+PROMPT = "Write a short story about a lighthouse keeper."
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _greedy(c: httpx.Client, n: int = 32) -> int:
+    r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": n, "temperature": 0, "ignore_eos": True})
+    r.raise_for_status()
+    return int(r.json()["usage"]["completion_tokens"])
+
+
+def _state(c: httpx.Client) -> dict:
+    return c.get("/get_server_info").json()["internal_states"][0]
+
+
+def one_start(cache: Path, inductor: Path, max_bs: int, cold: bool) -> dict[str, float]:
+    port = _port()
+    env = {**os.environ, "RADIXGEN_CACHE_DIR": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(inductor)}
+    env.pop("RADIXGEN_DISABLE_COMPILE", None)
+    cmd = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--compile-max-bs", str(max_bs), "--log-level", "warning"]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out: dict[str, float] = {}
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300.0) as c:
+            while True:
+                try:
+                    if c.get("/health", timeout=1.0).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if proc.poll() is not None:
+                    raise RuntimeError("server exited")
+                time.sleep(0.05)
+            out["health_s"] = time.monotonic() - t0
+            tokens, t_first = 0, time.monotonic()
+            while time.monotonic() - t0 < 30.0:
+                tokens += _greedy(c)
+            out["tok_s_first_30s"] = tokens / (time.monotonic() - t_first)
+            while _state(c)["pending_buckets"]:
+                time.sleep(0.5 if cold else 0.1)
+                _greedy(c, 2)  # a step boundary: ready buckets swap in
+            out["all_compiled_s"] = time.monotonic() - t0
+            t, tokens = time.monotonic(), 0
+            for _ in range(5):
+                tokens += _greedy(c)
+            out["compiled_tok_s"] = tokens / (time.monotonic() - t)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3, help="warm starts")
+    ap.add_argument("--cold-rounds", type=int, default=1)
+    ap.add_argument("--compile-max-bs", type=int, default=32)
+    ap.add_argument("--out", default=str(ROOT / "bench/results/startup.md"))
+    a = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="radixgen-startup-"))
+    runs: dict[str, list[dict[str, float]]] = {"cold": [], "warm": []}
+    try:
+        for i in range(max(a.rounds, a.cold_rounds)):
+            if i < a.cold_rounds:
+                shutil.rmtree(work, ignore_errors=True)
+                runs["cold"].append(one_start(work / "graphs", work / "inductor", a.compile_max_bs, True))
+                print("cold", runs["cold"][-1], flush=True)
+            if i < a.rounds:
+                runs["warm"].append(one_start(work / "graphs", work / "inductor", a.compile_max_bs, False))
+                print("warm", runs["warm"][-1], flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    write(a, runs)
+
+
+def write(a: argparse.Namespace, runs: dict[str, list[dict[str, float]]]) -> None:
+    cols = ("health_s", "tok_s_first_30s", "all_compiled_s", "compiled_tok_s")
+    lines = ["# Start-up: time to /health, to compiled decode, and decode speed meanwhile", "",
+             f"CPU: {describe_cpu()}", "",
+             f"Command: `python bench/startup.py --rounds {a.rounds} --cold-rounds {a.cold_rounds} "
+             f"--compile-max-bs {a.compile_max_bs}` (server: `radixgen serve --compile-max-bs {a.compile_max_bs}`, "
+             "default model and flags, --compile-mode background). Each start is a whole process timed from its "
+             "launch; cold: empty artifact and inductor caches; warm: the cache the cold start filled.", "",
+             "| start | run | /health 200 (s) | decode tok/s, first 30 s | every bucket compiled (s) | "
+             "compiled tok/s |", "|---|---|---|---|---|---|"]
+    for kind, rs in runs.items():
+        for i, r in enumerate(rs):
+            lines.append(f"| {kind} | {i + 1} | " + " | ".join(f"{r[c]:.1f}" for c in cols) + " |")
+        if rs:
+            lines.append(f"| {kind} | median | " + " | ".join(f"{statistics.median(r[c] for r in rs):.1f}"
+                                                               for c in cols) + " |")
+    Path(a.out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
