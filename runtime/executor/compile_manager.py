@@ -76,7 +76,7 @@ class CompileManager:
         job = {**self.worker_job, "buckets": self.pending, "key_base": self.key_base,
                "cache_root": str(self.cache.root), "cache_max_bytes": self.cache.max_bytes}
         self.proc = subprocess.Popen([sys.executable, "-m", "runtime.executor.compile_worker"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+                                     stdin=subprocess.PIPE)  # its per-bucket lines go to our log
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(job).encode())
         self.proc.stdin.close()

@@ -43,12 +43,8 @@ def compile_missing(job: dict[str, Any]) -> list[dict[str, Any]]:
     model = {**job["model"], "compile_mode": "off", "disable_compile": True}
     cfg = make_config(**model, max_total_tokens=max(256, 2 * buckets[-1]), max_running_requests=buckets[-1])
     runner = create_model_runner(cfg, progress=False)
-    # the graphs call attention by registry index: take the server's index for this process's backend
-    while len(attn_op._BACKENDS) < job["backend_id"]:
-        attn_op._BACKENDS.append(runner.attn)
-    backend_id = attn_op.register_backend(runner.attn)
-    if backend_id != job["backend_id"]:
-        raise RuntimeError(f"attention backend index {backend_id}, the server uses {job['backend_id']}")
+    # the graphs call attention by registry index: the server's index for this process's backend
+    backend_id = attn_op.register_backend(runner.attn, at=int(job["backend_id"]))
     graphs = DecodeGraphRunner(runner.model, runner.attn, runner.req_to_token.table, runner.pool.pad_slot,
                                buckets[-1], graph_factory=_no_graph,
                                attend=attn_op.opaque_attend(backend_id), buckets=CPU_BUCKETS, label="packages")

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from kernels import fallbacks
 from runtime.executor.cuda_graph import CPU_BUCKETS, DecodeGraphRunner, Forward, Graph, capture_buckets
-from runtime.models.attn_op import opaque_attend, register_backend
+from runtime.models.attn_op import PINNED_BASE, opaque_attend, register_backend
 
 if TYPE_CHECKING:
     from kernels.api import BaseAttnBackend
@@ -97,6 +97,9 @@ def build_compiled_decode(model: LlamaForCausalLM, attn: BaseAttnBackend, req_to
     return runner
 
 
+_packaged_runners = 0  # runners of this process on packaged graphs so far (the scheduler's first, a draft next)
+
+
 def start_packaged_decode(runner: ModelRunner, max_bs: int) -> CompileManager:
     """--compile-mode background/sync: decode graphs from AOTInductor packages in the artifact cache, each
     bucket replayed once loaded (runtime/executor/compile_manager.py). Cached buckets load now; the rest
@@ -108,8 +111,11 @@ def start_packaged_decode(runner: ModelRunner, max_bs: int) -> CompileManager:
     from runtime.executor.artifact_cache import ArtifactCache
     from runtime.executor.compile_manager import CompileManager
 
+    global _packaged_runners
     mc = runner.cfg.model
-    backend_id = register_backend(runner.attn)
+    # a pinned index, the same in every process that builds its runners in the same order (the worker too)
+    backend_id = register_backend(runner.attn, at=PINNED_BASE + _packaged_runners)
+    _packaged_runners += 1
     graphs = DecodeGraphRunner(runner.model, runner.attn, runner.req_to_token.table, runner.pool.pad_slot, max_bs,
                                graph_factory=_loads_only, attend=opaque_attend(backend_id), buckets=CPU_BUCKETS,
                                label="compiled graphs", split_larger=True)

@@ -15,16 +15,22 @@ import torch
 
 from kernels.api import BaseAttnBackend
 
-_BACKENDS: list[BaseAttnBackend] = []
+_BACKENDS: dict[int, BaseAttnBackend] = {}
+PINNED_BASE = 1000  # indices from here on are chosen by the caller (graphs compiled in another process)
 
 
-def register_backend(backend: BaseAttnBackend) -> int:
-    """The backend's index for `attention` (registering the same object twice returns its first index)."""
-    for i, b in enumerate(_BACKENDS):
-        if b is backend:
+def register_backend(backend: BaseAttnBackend, at: int | None = None) -> int:
+    """The backend's index for `attention`: its first index if registered before, else the next free one below
+    PINNED_BASE. `at` binds it at that index instead (a compiled package that names index `at` then calls it)."""
+    if at is not None:
+        _BACKENDS[at] = backend
+        return at
+    for i, b in _BACKENDS.items():
+        if b is backend and i < PINNED_BASE:
             return i
-    _BACKENDS.append(backend)
-    return len(_BACKENDS) - 1
+    i = 1 + max((k for k in _BACKENDS if k < PINNED_BASE), default=-1)
+    _BACKENDS[i] = backend
+    return i
 
 
 # Defined with torch.library.Library rather than @torch.library.custom_op: the latter checks its output's

@@ -5,10 +5,14 @@ second runner over the same cache loads the package without compiling."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from runtime.config import make_config
-from runtime.executor import aot_graph, compile_manager
 from runtime.executor.greedy import greedy_generate
 from runtime.executor.model_runner import create_model_runner
 from tests.runtime.models.tiny import tiny_checkpoint
@@ -25,7 +29,7 @@ def _runner(path: str, cache: str, mode: str):
         mp.undo()
 
 
-def test_sync_package_matches_eager_and_a_restart_loads_it(tmp_path, monkeypatch):
+def test_sync_package_matches_eager_and_a_restart_loads_it(tmp_path):
     path, cache = tiny_checkpoint(tmp_path / "tiny", "llama"), str(tmp_path / "graphs")
     eager, compiled = _runner(path, cache, "off"), _runner(path, cache, "sync")
     assert compiled.compile is not None and compiled.compile.compiled_here.keys() == {1}
@@ -35,13 +39,25 @@ def test_sync_package_matches_eager_and_a_restart_loads_it(tmp_path, monkeypatch
     assert greedy_generate(compiled, prompt, 24) == want
     assert compiled.graph_runner.replays == 23
 
-    def no_compile(*a, **k):
-        raise AssertionError("a cached bucket was compiled again")
+    # a restart: a new process (the attention backend registry starts empty there, as in a server's scheduler)
+    out = subprocess.run([sys.executable, "-c", RESTART, path, cache, json.dumps(prompt)], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 0, out.stderr[-3000:]
+    state, tokens = json.loads(out.stdout.strip().splitlines()[-1])
+    assert state["compiled_buckets"] == [1] and state["compile_cache"]["hits"] == 1, state
+    assert state["compile_worker_pid"] is None and state["compiled_replays"] == 23
+    assert tokens == want
 
-    monkeypatch.setattr(aot_graph, "compile_package", no_compile)
-    monkeypatch.setattr(compile_manager.aot_graph, "compile_package", no_compile)
-    restarted = _runner(path, cache, "background")  # everything cached: no compile process either
-    assert restarted.compile is not None and restarted.compile.proc is None
-    state = restarted.compile_state()
-    assert state["compiled_buckets"] == [1] and state["compile_cache"]["hits"] == 1
-    assert greedy_generate(restarted, prompt, 24) == want
+
+RESTART = """
+import json, sys
+from runtime.executor import aot_graph
+def no_compile(*a, **k):
+    raise AssertionError("a cached bucket was compiled again")
+aot_graph.compile_package = no_compile
+from tests.runtime.executor.test_packaged import _runner
+from runtime.executor.greedy import greedy_generate
+r = _runner(sys.argv[1], sys.argv[2], "background")  # everything cached: no compile process either
+tokens = greedy_generate(r, json.loads(sys.argv[3]), 24)
+print(json.dumps([r.compile_state(), tokens]))
+"""
