@@ -105,7 +105,7 @@ class ArtifactCache:
 
     def entries(self) -> list[tuple[Path, int, float]]:
         """(dir, bytes, last use) of every published entry."""
-        out = []
+        out: list[tuple[Path, int, float]] = []
         if not self.root.is_dir():
             return out
         for d in self.root.iterdir():

@@ -49,7 +49,7 @@ def compile_missing(job: dict[str, Any]) -> list[dict[str, Any]]:
                                buckets[-1], graph_factory=_no_graph,
                                attend=attn_op.opaque_attend(backend_id), buckets=CPU_BUCKETS, label="packages")
     cache = ArtifactCache(job["cache_root"], int(job["cache_max_bytes"]))
-    done = []
+    done: list[dict[str, Any]] = []
     for bs in buckets:
         key = aot_graph.graph_key(job["key_base"], bs)
         if cache.lookup(key) is not None:
