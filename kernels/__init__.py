@@ -17,14 +17,23 @@ log = logging.getLogger(__name__)
 
 
 def create_attn_backend(
-    name: str, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
+    name: str, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, windows: tuple[int, ...] = ()
 ) -> BaseAttnBackend:
     """Factory by name; imports triton / flashinfer only when asked for them.
+
+    windows: per-layer attention windows (0: full attention); with any sliding-window layer the backend is
+    wrapped in kernels.sliding_window.SlidingWindowBackend over two instances of the named one.
 
     "cpu" is the native CPU backend (kernels/cpu), compiled on first use: a build failure raises. "auto" on a
     CPU pool picks "cpu" for float32/bfloat16/float16 pools ("torch" for other dtypes) and, when it cannot be
     built or loaded here, falls back to "torch" with one warning.
     """
+    if any(windows):
+        from kernels.sliding_window import SlidingWindowBackend
+
+        full = create_attn_backend(name, k_cache, v_cache, scale)
+        local = type(full)(k_cache, v_cache, scale)  # type: ignore[call-arg]  # every backend takes these three
+        return SlidingWindowBackend(full, local, k_cache, v_cache, scale, windows)
     native_dtypes = (torch.float32, torch.bfloat16, torch.float16)
     if name == "auto" and k_cache.device.type == "cpu" and k_cache.dtype not in native_dtypes:
         name = "torch"

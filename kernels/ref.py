@@ -107,6 +107,12 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
 
 
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """GeGLU's activation: gelu_tanh(gate) * up for gate_up [T, 2I] (gate first) -> [T, I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.gelu(gate, approximate="tanh") * up
+
+
 def rope_cos_sin(
     head_dim: int, max_pos: int, base: float, scaling: dict | None = None, device: str | torch.device = "cpu"
 ) -> torch.Tensor:

@@ -101,7 +101,8 @@ class ModelRunner:
         self.allocator = SlotAllocator(num_slots, cfg.cache.page_size, strict=cfg.cache.strict_memory_check)
         self.req_to_token = ReqToTokenTable(cfg.scheduler.max_running_requests, self.context_len, self.device)
         self.attn = create_attn_backend(
-            mc.attention_backend, self.pool.k_cache, self.pool.v_cache, arch.head_dim**-0.5
+            mc.attention_backend, self.pool.k_cache, self.pool.v_cache, arch.attn_scale,
+            tuple(arch.window(i) for i in range(arch.num_layers)),
         )
         log.info("model %s: %d layers, KV pool %d slots (%s), backend %s, %s",
                  self.model_path, arch.num_layers, num_slots, mc.kv_cache_dtype, mc.attention_backend, mc.dtype)

@@ -1,8 +1,12 @@
-"""The Llama family (SmolLM2, Llama 2/3, Mistral), Qwen2 (qkv bias) and Qwen3 (q/k norm) in one forward.
+"""The Llama family (SmolLM2, Llama 2/3, Mistral), Qwen2 (qkv bias), Qwen3 (q/k norm) and Gemma 3 in one forward.
 
 Data flow: token ids [T] -> embeddings [T, H] -> N x (add+RMSNorm, fused QKV projection, rotary, attention
 through the kernels seam which also stores K/V into the pool, output projection, add+RMSNorm, fused
 gate/up SiLU MLP) -> final norm on the rows in `logits_indices` only -> logits [K, vocab] float32.
+Gemma 3 adds, from ModelArch's fields: embeddings scaled by sqrt(H); RMSNorm on the attention output and on the
+MLP output before each residual add (its norm weights hold (1 + w), so the same RMSNorm applies); GeGLU (tanh);
+a second rotary table for its sliding-window layers (whose window the attention backend applies, see
+kernels/sliding_window.py); an optional final logit soft-cap.
 
 Weights are frozen `nn.Parameter`s (requires_grad=False) so that torch.compile with inductor freezing
 (runtime/executor/compiled.py) treats them as constants and prepacks every linear for oneDNN. The rotary
@@ -81,6 +85,13 @@ def rope_gathered(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
+def _cos_sin_rows(table: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """This step's rows of a rotary table [max_pos, D] as (cos, sin), each [T, 1, D/2]."""
+    cs = table[positions].unsqueeze(1)
+    half = cs.shape[-1] // 2
+    return cs[..., :half], cs[..., half:]
+
+
 Weight = torch.Tensor | quant.QTensor
 
 
@@ -124,7 +135,14 @@ class LlamaLayer(nn.Module):
         self.w_o = _frozen(w.pop(p + "self_attn.o_proj.weight"), d)  # [H, Hq * D]
         self.q_norm = _frozen(w.pop(p + "self_attn.q_norm.weight") if arch.qk_norm else None, d)  # [D] (Qwen3)
         self.k_norm = _frozen(w.pop(p + "self_attn.k_norm.weight") if arch.qk_norm else None, d)
-        self.ln_mlp = _frozen(w.pop(p + "post_attention_layernorm.weight"), d)  # [H]
+        self.ln_post_attn: nn.Parameter | None = None  # [H] (Gemma: norm of the attention output)
+        self.ln_post_mlp: nn.Parameter | None = None  # [H] (Gemma: norm of the MLP output)
+        if arch.post_norms:
+            self.ln_post_attn = _frozen(w.pop(p + "post_attention_layernorm.weight"), d)
+            self.ln_mlp = _frozen(w.pop(p + "pre_feedforward_layernorm.weight"), d)
+            self.ln_post_mlp = _frozen(w.pop(p + "post_feedforward_layernorm.weight"), d)
+        else:
+            self.ln_mlp = _frozen(w.pop(p + "post_attention_layernorm.weight"), d)  # [H]
         gate_up = _cat([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")])
         self.w_gate_up = _frozen(gate_up, d)  # [2 I, H]
         self.w_down = _frozen(w.pop(p + "mlp.down_proj.weight"), d)  # [H, I]
@@ -132,6 +150,7 @@ class LlamaLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     cos_sin: torch.Tensor  # buffer (register_buffer)
+    cos_sin_local: torch.Tensor  # the sliding-window layers' table (the same tensor when they share one)
 
     def __init__(self, arch: ModelArch, weights: dict[str, Weight], device: str | torch.device = "cpu",
                  dtype: torch.dtype | None = None, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -164,12 +183,18 @@ class LlamaForCausalLM(nn.Module):
         self.kv_size = arch.num_kv_heads * arch.head_dim
         cos_sin = ref.rope_cos_sin(arch.head_dim, arch.max_position, arch.rope_theta, arch.rope_scaling, device)
         self.register_buffer("cos_sin", cos_sin, persistent=False)  # [max_pos, D] float32
+        local = cos_sin
+        if arch.rope_local_theta is not None and arch.sliding_window:
+            local = ref.rope_cos_sin(arch.head_dim, arch.max_position, arch.rope_local_theta, None, device)
+        self.register_buffer("cos_sin_local", local, persistent=False)
+        self.local_layers = tuple(arch.window(i) > 0 for i in range(arch.num_layers))
         self.ew = elementwise_kernels(device, dtype)  # eager row ops; compiled graphs trace REF_ELEMENTWISE
         self.eval()
 
     def weights_nbytes(self) -> int:
         """Bytes of every weight the forward reads (parameters and quantized buffers; a tied head once)."""
-        tensors = {id(t): t for t in [*self.parameters(), *self.buffers()] if t is not self.cos_sin}
+        tables = (self.cos_sin, self.cos_sin_local)
+        tensors = {id(t): t for t in [*self.parameters(), *self.buffers()] if all(t is not c for c in tables)}
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
     @torch.inference_mode()
@@ -184,13 +209,18 @@ class LlamaForCausalLM(nn.Module):
         a = self.arch
         ew = REF_ELEMENTWISE if torch.compiler.is_compiling() else self.ew  # inductor fuses the reference ops
         h = quant.embedding(input_ids, self.embed)  # [T, H]
+        if a.embed_scale != 1.0:  # Gemma: the scale rounded to the activation dtype, as the checkpoint trained
+            h = h * torch.tensor(a.embed_scale, dtype=torch.float32).to(h.dtype)
         residual: torch.Tensor | None = None
         t = h.shape[0]
-        if not ew.fused_rope:
-            cs = self.cos_sin[positions].unsqueeze(1)  # [T, 1, D], once for all layers
-            cos, sin = cs[..., : a.head_dim // 2], cs[..., a.head_dim // 2 :]
+        act = ref.gelu_tanh_mul if a.activation == "gelu_tanh" else ew.silu_mul
+        if not ew.fused_rope:  # [T, 1, D/2] cos and sin rows, once for all layers (per table)
+            rows = {False: _cos_sin_rows(self.cos_sin, positions)}
+            if any(self.local_layers):
+                rows[True] = _cos_sin_rows(self.cos_sin_local, positions)
         layers: Iterable[LlamaLayer] = self.layers  # type: ignore[assignment]  # nn.ModuleList is not generic
         for i, lw in enumerate(layers):
+            local = self.local_layers[i]
             x, residual = ew.rmsnorm(h, lw.ln_attn, a.rms_eps, residual)
             qkv = quant.linear(x, lw.w_qkv, lw.b_qkv)  # [T, (Hq + 2 Hkv) D]
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -201,19 +231,27 @@ class LlamaForCausalLM(nn.Module):
                 q = ew.rmsnorm(q, lw.q_norm, a.rms_eps)[0]
                 k = ew.rmsnorm(k, lw.k_norm, a.rms_eps)[0]
             if ew.fused_rope:
-                q, k = ew.apply_rope(q, k, positions, self.cos_sin)
+                q, k = ew.apply_rope(q, k, positions, self.cos_sin_local if local else self.cos_sin)
             else:
+                cos, sin = rows[local]
                 q, k = rope_gathered(q, cos, sin), rope_gathered(k, cos, sin)
             o = attend(q, k, v, i)  # [T, Hq, D]
             h = quant.linear(o.reshape(t, self.q_size), lw.w_o)
             if self.reduce is not None:
                 h = self.reduce(h)  # [T, H]: the sum of every rank's heads
+            if lw.ln_post_attn is not None:
+                h = ew.rmsnorm(h, lw.ln_post_attn, a.rms_eps)[0]
             x, residual = ew.rmsnorm(h, lw.ln_mlp, a.rms_eps, residual)
-            h = quant.linear(ew.silu_mul(quant.linear(x, lw.w_gate_up)), lw.w_down)
+            h = quant.linear(act(quant.linear(x, lw.w_gate_up)), lw.w_down)
             if self.reduce is not None:
                 h = self.reduce(h)
+            if lw.ln_post_mlp is not None:
+                h = ew.rmsnorm(h, lw.ln_post_mlp, a.rms_eps)[0]
         assert residual is not None  # set by the first layer
         last = (h + residual)[logits_indices]
         x = ew.rmsnorm(last, self.norm, a.rms_eps)[0]
         logits = quant.linear(x, self.lm_head)
-        return logits if logits.dtype == torch.float64 else logits.float()
+        logits = logits if logits.dtype == torch.float64 else logits.float()
+        if a.final_logit_softcap:
+            logits = torch.tanh(logits / a.final_logit_softcap) * a.final_logit_softcap
+        return logits

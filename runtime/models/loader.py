@@ -11,10 +11,12 @@ the model packs them for its device.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 from collections.abc import Iterator
+from typing import cast
 
 import numpy as np
 import torch
@@ -23,7 +25,7 @@ from tqdm import tqdm
 from kernels.quant import QTensor
 from runtime import gguf_file
 from runtime.models import quant_policy
-from runtime.models.arch import ModelArch
+from runtime.models.arch import GEMMA3_LOCAL_ROPE_THETA, ModelArch, gemma3_windows
 
 Weight = torch.Tensor | QTensor
 
@@ -40,6 +42,9 @@ _GGUF_LAYER = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma 3 names its four norms per layer differently (llama.cpp's ffn_norm is Gemma's pre-MLP norm)
+_GGUF_GEMMA3_LAYER = {**_GGUF_LAYER, "post_attention_norm": "post_attention_layernorm",
+                      "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 _GGUF_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
@@ -68,8 +73,8 @@ def gguf_arch(reader) -> ModelArch:
         return f[key].contents() if key in f else default
 
     arch = get("general.architecture")
-    if arch not in ("llama", "qwen2", "qwen3"):
-        raise ValueError(f"unsupported GGUF architecture {arch!r} (llama, qwen2, qwen3)")
+    if arch not in ("llama", "qwen2", "qwen3", "gemma3"):
+        raise ValueError(f"unsupported GGUF architecture {arch!r} (llama, qwen2, qwen3, gemma3)")
     heads = get(f"{arch}.attention.head_count")
     hidden = get(f"{arch}.embedding_length")
     names = {t.name for t in reader.tensors}
@@ -77,7 +82,7 @@ def gguf_arch(reader) -> ModelArch:
     scaling = None
     if get(f"{arch}.rope.scaling.type") not in (None, "none"):
         scaling = {"rope_type": get(f"{arch}.rope.scaling.type"), "factor": get(f"{arch}.rope.scaling.factor", 1.0)}
-    return ModelArch(
+    base = ModelArch(
         arch=arch,
         hidden_size=hidden,
         intermediate_size=get(f"{arch}.feed_forward_length"),
@@ -94,12 +99,31 @@ def gguf_arch(reader) -> ModelArch:
         qk_norm="blk.0.attn_q_norm.weight" in names,
         rope_scaling=scaling,
     )
+    return _gemma3_gguf(base, get) if arch == "gemma3" else base
 
 
-def gguf_to_hf_name(name: str) -> str | None:
+def _gemma3_gguf(base: ModelArch, get) -> ModelArch:
+    """Gemma 3 facts a GGUF does not store, as llama.cpp fixes them: the 1-in-6 sliding pattern, a local rotary
+    base of 10000, sqrt(hidden) embedding scale, GeGLU, and the attention scale (head_dim^-1/2; the 27B model,
+    62 layers, uses (hidden / heads)^-1/2). Norm weights in a Gemma GGUF already hold Gemma's (1 + w)."""
+    window = int(get("gemma3.attention.sliding_window", 512))
+    return dataclasses.replace(
+        base,
+        max_position=get("gemma3.context_length", 32768),
+        layer_windows=gemma3_windows(base.num_layers, window),
+        rope_local_theta=GEMMA3_LOCAL_ROPE_THETA,
+        post_norms=True,
+        activation="gelu_tanh",
+        embed_scale=base.hidden_size**0.5,
+        query_pre_attn_scalar=base.hidden_size // base.num_heads if base.num_layers == 62 else base.head_dim,
+        final_logit_softcap=get("gemma3.final_logit_softcapping"),
+    )
+
+
+def gguf_to_hf_name(name: str, arch: str = "llama") -> str | None:
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
     if m:
-        part = _GGUF_LAYER.get(m.group(2))
+        part = (_GGUF_GEMMA3_LAYER if arch == "gemma3" else _GGUF_LAYER).get(m.group(2))
         return None if part is None else f"model.layers.{m.group(1)}.{part}.{m.group(3)}"
     base, _, kind = name.rpartition(".")
     top = _GGUF_TOP.get(base)
@@ -122,7 +146,7 @@ def _load_gguf(
     arch = gguf_arch(reader)
     weights: dict[str, Weight] = {}
     for t in tqdm(reader.tensors, desc="Loading GGUF", disable=not progress, unit="tensor"):
-        name = gguf_to_hf_name(t.name)
+        name = gguf_to_hf_name(t.name, arch.arch)
         if name is None:
             continue
         kind = t.tensor_type.name
@@ -202,11 +226,14 @@ def _load_safetensors_dir(
     for k, v in _iter_safetensors(_safetensors_files(path), progress):
         q = quant_policy.dense_tensor(k, v, mode, group)
         weights[k] = _cast(k, q, dtype) if isinstance(q, torch.Tensor) else q
+        if arch.arch == "gemma3" and k.endswith("norm.weight"):  # Gemma's RMSNorm scales by (1 + w)
+            weights[k] = cast(torch.Tensor, weights[k]) + 1.0
     _tie_head(arch, weights, mode)
     return arch, weights
 
 
-_GGUF_HF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_GGUF_HF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "gemma3": "Gemma3ForCausalLM"}
 
 
 def read_model_type(path: str) -> tuple[str | None, list[str] | None]:
