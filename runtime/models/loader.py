@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from runtime.models import quant_policy
 from runtime.models.arch import GEMMA3_LOCAL_ROPE_THETA, ModelArch, gemma3_windows
 
 Weight = torch.Tensor | QTensor
+log = logging.getLogger(__name__)
 
 _GGUF_LAYER = {
     "attn_norm": "input_layernorm",
@@ -145,6 +147,7 @@ def _load_gguf(
     reader = gguf_file.reader(path)
     arch = gguf_arch(reader)
     weights: dict[str, Weight] = {}
+    dense: dict[str, int] = {}  # GGUF block types of quantizable tensors the mode could not keep: dequantized
     for t in tqdm(reader.tensors, desc="Loading GGUF", disable=not progress, unit="tensor"):
         name = gguf_to_hf_name(t.name, arch.arch)
         if name is None:
@@ -162,11 +165,16 @@ def _load_gguf(
             raise quant_policy.UnsupportedQuantization(
                 f"GGUF tensor {t.name} has type {kind}, which radixgen cannot load") from e
         data = np.asarray(data, dtype=np.float32).reshape(shape)
+        if mode != "none" and quant_policy.is_quantizable(name) and kind not in ("F32", "F16", "BF16"):
+            dense[kind] = dense.get(kind, 0) + 1
         if heads is not None:
             data = _unpermute_qk(data, heads)
         w = quant_policy.dense_tensor(name, torch.from_numpy(np.array(data, copy=True)), mode, group)
         weights[name] = _cast(name, w, dtype) if isinstance(w, torch.Tensor) else w
     _tie_head(arch, weights, mode)
+    if dense:
+        log.info("GGUF blocks without a kernel under --quantization %s, dequantized on load: %s", mode,
+                 ", ".join(f"{n} x {k}" for k, n in sorted(dense.items())))
     return arch, weights
 
 
