@@ -135,8 +135,8 @@ class LlamaLayer(nn.Module):
         self.w_o = _frozen(w.pop(p + "self_attn.o_proj.weight"), d)  # [H, Hq * D]
         self.q_norm = _frozen(w.pop(p + "self_attn.q_norm.weight") if arch.qk_norm else None, d)  # [D] (Qwen3)
         self.k_norm = _frozen(w.pop(p + "self_attn.k_norm.weight") if arch.qk_norm else None, d)
-        self.ln_post_attn: nn.Parameter | None = None  # [H] (Gemma: norm of the attention output)
-        self.ln_post_mlp: nn.Parameter | None = None  # [H] (Gemma: norm of the MLP output)
+        self.ln_post_attn: nn.Parameter | quant.QuantWeight | None = None  # [H] (Gemma: norm of the attention output)
+        self.ln_post_mlp: nn.Parameter | quant.QuantWeight | None = None  # [H] (Gemma: norm of the MLP output)
         if arch.post_norms:
             self.ln_post_attn = _frozen(w.pop(p + "post_attention_layernorm.weight"), d)
             self.ln_mlp = _frozen(w.pop(p + "pre_feedforward_layernorm.weight"), d)
