@@ -172,10 +172,37 @@ def _load_gguf(
         w = quant_policy.dense_tensor(name, torch.from_numpy(np.array(data, copy=True)), mode, group)
         weights[name] = _cast(name, w, dtype) if isinstance(w, torch.Tensor) else w
     _tie_head(arch, weights, mode)
+    mixed = _unmix_fused(weights, dtype)
+    if mixed:
+        log.info("%d fused q/k/v or gate/up groups mix block types (%s): dequantized on load", len(mixed),
+                 "; ".join(sorted(set(mixed))))
     if dense:
         log.info("GGUF blocks without a kernel under --quantization %s, dequantized on load: %s", mode,
                  ", ".join(f"{n} x {k}" for k, n in sorted(dense.items())))
     return arch, weights
+
+
+_FUSED = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj"))
+
+
+def _unmix_fused(weights: dict[str, Weight], dtype: torch.dtype) -> list[str]:
+    """The model fuses q/k/v and gate/up into one weight each, which needs one form per group: a group whose
+    parts mix dense tensors and kept blocks, or blocks of different kinds (a GGUF with Q5_0 q/k and Q8_0 v),
+    becomes dense (the exact dequantized values, in `dtype`). Returns what each such group mixed."""
+    mixed: list[str] = []
+    layers = sorted({int(k.split(".")[2]) for k in weights if k.startswith("model.layers.")})
+    for i in layers:
+        for group in _FUSED:
+            names = [f"model.layers.{i}.{part}.weight" for part in group]
+            parts = [weights.get(n) for n in names]
+            forms = {(p.kind, p.group) if isinstance(p, QTensor) else ("dense", 0) for p in parts}
+            if len(forms) < 2 or any(p is None for p in parts):
+                continue
+            mixed.append(" + ".join(f[0] for f in sorted(forms)))
+            for n, p in zip(names, parts, strict=True):
+                if isinstance(p, QTensor):
+                    weights[n] = p.dequantize().to(dtype)
+    return mixed
 
 
 def _qk_heads(arch: ModelArch, name: str) -> int | None:
