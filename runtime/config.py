@@ -35,7 +35,13 @@ class ModelConfig:
     as int8, same codes, other tensor types dense. auto: gguf for a GGUF on CPU; none for safetensors, on CUDA
     and when --dtype float32 is given (resolved once, at start-up, to gguf or none). int4/int8 also quantize
     float weights on load (round-to-nearest; int4 per group, int8 per output channel); fp8 (e4m3 per channel)
-    needs CUDA."""
+    needs CUDA. w8a8_int8 (CPU): as gguf (int8 for float linears) for small calls, and int8 arithmetic (int8
+    weights per channel, activations per token) from --quantization-int8-rows rows on (docs/quantization.md)."""
+    quantization_int8_rows: int = 16
+    """--quantization w8a8_int8: calls with at least this many rows (prefill, extend, mixed steps, decode batches
+    of this size) run int8 x int8 -> int32 GEMMs (weights int8 per output channel, activations int8 per token,
+    dynamic); fewer rows the weight-only kernels of --quantization gguf (int8 for a float checkpoint). Measured
+    crossover: bench/results/int8_linear.md."""
     quantization_group_size: int = 32
     """Inputs per scale for round-to-nearest int4 on load: 32, 64, 128 or 256 (GGUF Q4 blocks are always 32)."""
     quantization_dense_rows: int = 8
@@ -393,6 +399,8 @@ def resolve(cfg: Config) -> Config:
         raise ValueError(f"unknown --compile-mode {model.compile_mode!r} (one of {', '.join(COMPILE_MODES)})")
     if model.disable_compile:  # the older spelling of --compile-mode off
         model = dataclasses.replace(model, compile_mode="off")
+    if cfg.parallel.tp_size > 1 and model.quantization == "w8a8_int8":
+        raise ValueError("--quantization w8a8_int8 runs with --tp-size 1 (shards are cut from dense weights)")
     if cfg.parallel.tp_size > 1 and model.quantization == "gguf":  # shards are cut from dense weights
         if cfg.model.quantization == "gguf":
             raise ValueError("--quantization gguf cannot run with --tp-size > 1 (shards are cut from dense weights)")
@@ -479,7 +487,7 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-QUANTIZATION_MODES = ("auto", "gguf", "none", "int8", "int4", "fp8")
+QUANTIZATION_MODES = ("auto", "gguf", "none", "int8", "int4", "fp8", "w8a8_int8")
 
 
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -514,6 +522,10 @@ def _resolve_quantization(model: ModelConfig) -> str:
         raise ValueError(f"--quantization-group-size must be 32, 64, 128 or 256, got {model.quantization_group_size}")
     if q == "fp8" and model.device != "cuda":
         raise ValueError("--quantization fp8 needs CUDA (Triton dequant-matmul); use int8 or int4 on CPU")
+    if q == "w8a8_int8" and model.device != "cpu":
+        raise ValueError("--quantization w8a8_int8 runs on CPU only (torch._int_mm through oneDNN)")
+    if model.quantization_int8_rows < 1:
+        raise ValueError(f"--quantization-int8-rows must be >= 1, got {model.quantization_int8_rows}")
     if q == "auto":
         is_gguf = model.model_path is None or model.model_path.endswith(".gguf")  # default model: a GGUF
         exact = model.dtype in ("float32", "float64", "float16")

@@ -9,6 +9,7 @@ the model calls through `linear(x, w)` exactly like a dense weight. In between, 
   weights      Int4Weight / Int8Weight / Fp8Weight (CPU torch ops, CUDA Triton) and `linear`
   cpu_blocks   Q4BlockWeight / Q8BlockWeight: GGUF-style blocks for kernels/cpu's native GEMV (CPU decode)
   triton_mm    the Triton dequant-matmul kernel (GPU; CPU interpreter in tests)
+  w8a8         W8A8Weight: int8 weights x per-token int8 activations (CPU int8 arithmetic for calls of many rows)
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ from kernels.quant.weights import (
     pack_dense_panels,
     weight_nbytes,
 )
+from kernels.quant.w8a8 import W8A8Weight, wrap_linears
 
 MODES = ("none", "int8", "int4", "fp8")
 
 __all__ = [
     "MODES", "Fp8Weight", "Int4Weight", "Int8Weight", "PanelWeight", "Q4BlockWeight", "Q8BlockWeight", "QTensor",
     "QuantEmbedding", "QuantWeight", "cat_rows", "embedding", "from_gguf", "keep_dense_copies", "linear",
-    "pack_dense_panels", "quantize", "set_cpu_kernel", "to_kernel", "weight_nbytes",
+    "pack_dense_panels", "quantize", "set_cpu_kernel", "to_kernel", "W8A8Weight", "weight_nbytes", "wrap_linears",
 ]
 
 

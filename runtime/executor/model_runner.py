@@ -26,6 +26,7 @@ import torch
 
 from kernels import create_attn_backend, quant
 from kernels.cpu import ops as cpu_ops
+from kernels.quant.w8a8 import describe_plan as describe_int8_plan
 from runtime.config import Config, resolve
 from runtime.env import load_env
 from runtime.executor import tp
@@ -39,6 +40,7 @@ from runtime.models import tensor_parallel
 from runtime.models.arch import ModelArch
 from runtime.models.llama import LINEAR_WEIGHTS, LlamaForCausalLM
 from runtime.models.loader import load_weights, read_eos_ids
+from runtime.models.quant_policy import W8A8
 from runtime.models.quant_policy import describe as describe_quantized
 from runtime.models.registry import resolve_model_path
 
@@ -76,7 +78,11 @@ class ModelRunner:
         self.arch: ModelArch = arch
         self.model = LlamaForCausalLM(arch, weights, self.device, self.dtype, reduce=reduce)
         self.dense_copy_bytes = 0  # copies of quantized weights for batched calls (--quantization-dense-rows)
-        if self.device.type == "cpu" and mc.quantization_dense_rows > 0:
+        self.int8_linears = 0  # W8A8 linears (--quantization w8a8_int8): int8 arithmetic for calls of many rows
+        if mc.quantization == W8A8:
+            self.int8_linears = len(quant.wrap_linears(self.model, LINEAR_WEIGHTS, mc.quantization_int8_rows))
+            log.info("%s", describe_int8_plan(self.model, LINEAR_WEIGHTS))
+        elif self.device.type == "cpu" and mc.quantization_dense_rows > 0:
             self.dense_copy_bytes = quant.keep_dense_copies(self.model, mc.quantization_dense_rows, self.dtype)
         self.panel_weights = 0  # dense float32 linears held as column panels (kernels/cpu/linear.cpp)
         if self.device.type == "cpu" and self.dtype == torch.float32 and cpu_ops.panels_preferred():

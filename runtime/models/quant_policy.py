@@ -9,6 +9,8 @@ device later, by the model). Rules:
     int4  as gguf, and every other linear round-to-nearest int4 (group --quantization-group-size)
     int8  Q8_0 kept; every other linear (4-bit GGUF values included) round-to-nearest int8 per channel
     fp8   every linear e4m3 per output channel (CUDA)
+    w8a8_int8  loads as gguf for GGUF blocks and as int8 for float linears (`base_mode`); the model runner then
+          gives every quantized linear int8 codes per output channel for calls of many rows (kernels/quant/w8a8.py)
   embedding: a GGUF Q8_0 table stays Q8_0 (rows dequantized on lookup, exact); any other table stays dense.
   lm_head: int8 (Q8_0 codes when the file has them; per output channel on CPU) in gguf/int4/int8, fp8 in fp8.
   norms and biases: dense float32 / the model dtype, always.
@@ -35,9 +37,21 @@ def is_quantizable(name: str) -> bool:
     return bool(LINEAR.fullmatch(name)) or name in (EMBED, LM_HEAD)
 
 
+W8A8 = "w8a8_int8"
+
+
+def base_mode(mode: str, from_blocks: bool) -> str:
+    """The weight-only mode a tensor loads under: w8a8_int8 keeps GGUF blocks as gguf does (the small-batch
+    kernels read them) and rounds float linears to int8 per channel; every other mode is its own."""
+    if mode != W8A8:
+        return mode
+    return "gguf" if from_blocks else "int8"
+
+
 def gguf_tensor(name: str, raw: np.ndarray, kind: str, mode: str, group: int) -> QTensor | None:
     """A GGUF tensor of a kept kind (raw block bytes [N, row_bytes]) under `mode`, or None when the caller
     should dequantize it and go through `dense_tensor` (not quantizable, mode none, or a kind not kept)."""
+    mode = base_mode(mode, from_blocks=True)
     if mode == "none" or not is_quantizable(name) or kind not in gguf_blocks.KINDS:
         return None
     kept = from_gguf(gguf_blocks.unpack(raw, kind))
@@ -52,6 +66,7 @@ def gguf_tensor(name: str, raw: np.ndarray, kind: str, mode: str, group: int) ->
 
 def dense_tensor(name: str, w: torch.Tensor, mode: str, group: int) -> torch.Tensor | QTensor:
     """A float tensor (safetensors, or a GGUF type that is not kept) quantized on load under `mode`."""
+    mode = base_mode(mode, from_blocks=False)
     if mode in ("none", "gguf") or not is_quantizable(name) or name == EMBED:
         return w
     if name == LM_HEAD:
@@ -61,6 +76,7 @@ def dense_tensor(name: str, w: torch.Tensor, mode: str, group: int) -> torch.Ten
 
 def tied_head(embed: torch.Tensor | QTensor, mode: str) -> torch.Tensor | QTensor | None:
     """The lm_head of a tied model under `mode`: None means "reuse the dense embedding"."""
+    mode = base_mode(mode, from_blocks=isinstance(embed, QTensor))
     if mode == "none" or (mode == "gguf" and not isinstance(embed, QTensor)):
         return None
     if isinstance(embed, QTensor):

@@ -1,0 +1,146 @@
+"""One question: per row count M, which arithmetic runs SmolLM2's linears fastest on this CPU, counting everything a
+W8A8 call pays (per-token dynamic activation quantization, the int8 x int8 -> int32 product, the dequantization)?
+
+Candidates, each y = x @ W^T for float32 x [M, K], W [N, K]:
+  fp32 mm       F.linear on float32 (MKL sgemm; the default path on CPUs without native bf16)
+  bf16 mm       F.linear on bfloat16 (oneDNN; x cast in and y cast out)
+  int_mm eager  per-token absmax quantization of x in torch ops, torch._int_mm (oneDNN int8 GEMM, VNNI/AMX where
+                the CPU has them), y = acc * sx * sw
+  int_mm comp.  the same under torch.compile (inductor fuses the quantization and the dequantization passes)
+  qlinear       torch.ops.onednn.qlinear_pointwise on a prepacked weight; one activation scale per call (oneDNN's
+                op takes a per-tensor activation scale, so this is an upper bound on speed, not a per-token path)
+Per shape and M: microseconds per call (median of alternating rounds, each round --calls back-to-back calls) and
+the effective G(FL)OP/s 2 M N K / t.
+
+    /work/notes/bin/cpu-bench .venv/bin/python bench/int8_linear.py [--rounds 5] [--rows 1,4,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from machine import cpuinfo, describe  # noqa: E402  (bench/ is the script directory)
+
+INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8", "avx512_bf16", "amx_bf16")
+
+# (N, K) of the model's linears: q/o, k/v, fused qkv, gate/up (one and fused), down, lm_head
+SHAPES = {"q/o": (576, 576), "k/v": (192, 576), "qkv": (960, 576), "up": (1536, 576), "gate_up": (3072, 576),
+          "down": (576, 1536), "lm_head": (49152, 576)}
+
+
+def dyn_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token symmetric int8: x [M, K] float32 -> (q int8 [M, K], scale float32 [M, 1])."""
+    s = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-8) / 127.0
+    return torch.round(x / s).to(torch.int8), s
+
+
+def w8a8(x: torch.Tensor, wt: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
+    """x float32 [M, K]; wt int8 [K, N]; sw float32 [N] -> float32 [M, N]."""
+    q, sx = dyn_quant(x)
+    return torch._int_mm(q, wt) * sx * sw
+
+
+def qlinear_fn(x: torch.Tensor, w: torch.Tensor, sw: torch.Tensor) -> Callable[[], torch.Tensor] | None:
+    """oneDNN's qlinear on a prepacked int8 weight, per-tensor activation scale computed each call."""
+    try:
+        packed = torch.ops.onednn.qlinear_prepack(w, None)
+        zero = torch.zeros(w.shape[0], dtype=torch.int64)
+
+        def run() -> torch.Tensor:
+            s = x.abs().amax().clamp_min(1e-8) / 127.0
+            q = torch.round(x / s).to(torch.int8)
+            return torch.ops.onednn.qlinear_pointwise.tensor(
+                q, s, torch.zeros((), dtype=torch.int64), packed, sw, zero, None, 1.0, 0, torch.float32,
+                "none", [], "")
+        run()
+        return run
+    except Exception as e:  # noqa: BLE001 - report the candidate as unavailable, with why
+        print(f"qlinear unavailable: {str(e).splitlines()[0]}", file=sys.stderr)
+        return None
+
+
+def candidates(m: int, n: int, k: int, compiled: Callable, qlinear: bool) -> dict[str, Callable[[], torch.Tensor]]:
+    g = torch.Generator().manual_seed(m * 7 + n)
+    x = torch.randn(m, k, generator=g)
+    w = torch.randn(n, k, generator=g) * 0.05
+    sw = w.abs().amax(dim=1) / 127.0
+    wq = torch.round(w / sw[:, None]).to(torch.int8)
+    wt = wq.t().contiguous()
+    wb, xb = w.bfloat16(), x.bfloat16()
+    out: dict[str, Callable[[], torch.Tensor]] = {
+        "fp32 mm": lambda: F.linear(x, w),
+        "bf16 mm": lambda: F.linear(xb, wb).float(),
+        "int_mm eager": lambda: w8a8(x, wt, sw),
+        "int_mm comp.": lambda: compiled(x, wt, sw),
+    }
+    ql = qlinear_fn(x, wq, sw) if qlinear else None
+    if ql is not None:
+        out["qlinear (per-tensor)"] = ql
+    return out
+
+
+def timed(fn: Callable[[], torch.Tensor], calls: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--rows", default="1,4,8,16,32,64,128,512")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--qlinear", action="store_true", help="also time oneDNN's qlinear_pointwise")
+    ap.add_argument("--out", default=None, help="write the markdown table here too")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    compiled = torch.compile(w8a8, dynamic=True)
+    flags = set(cpuinfo("flags").split())
+    isa = ", ".join(f for f in INT8_FLAGS if f in flags) or "none"
+    lines = [f"# int8 W8A8 vs float linears on {describe()}", "", f"int8 ISA flags: {isa}", "",
+             f"torch {torch.__version__}, {args.threads} threads, {args.rounds} alternating rounds x {args.calls} "
+             "calls, medians. Cells: microseconds per call (G(FL)OP/s). Command: `bench/int8_linear.py "
+             + " ".join(sys.argv[1:]) + "`", ""]
+    for name in args.shapes.split(","):
+        n, k = SHAPES[name]
+        lines += [f"## {name}: N={n} K={k}", ""]
+        header = None
+        for m in (int(r) for r in args.rows.split(",")):
+            cands = candidates(m, n, k, compiled, args.qlinear)
+            for fn in cands.values():  # warm-up (and compile for this shape)
+                fn()
+                fn()
+            times: dict[str, list[float]] = {c: [] for c in cands}
+            for _ in range(args.rounds):
+                for c, fn in cands.items():
+                    times[c].append(timed(fn, args.calls))
+            med = {c: statistics.median(v) for c, v in times.items()}
+            if header is None:
+                header = list(cands)
+                lines += ["| M | " + " | ".join(header) + " | best |", "|---" * (len(header) + 2) + "|"]
+            cells = [f"{med[c]:.0f} ({2 * m * n * k / med[c] / 1e3:.0f})" for c in header]
+            lines.append(f"| {m} | " + " | ".join(cells) + f" | {min(med, key=med.__getitem__)} |")
+            print(lines[-1], flush=True)
+        lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""W8A8 int8 linears (kernels/quant/w8a8.py) against float64 references: the int8 product is exact (int32 sums of
+int8 codes), so the kernel must equal float64 arithmetic on the same codes up to the float32 dequantization, and
+stay within the quantization error of the float64 product of the unquantized operands. Shapes: the model's K and
+N, sizes that are not multiples of any tile, M from 1 to 512; batch invariance; dispatch to the small-batch
+kernel; bad inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from kernels import quant
+from kernels.quant.w8a8 import W8A8Weight, describe_plan, int8_codes, quantize_rows, wrap_linears
+
+# (N, K): q/o, k/v, up, down of SmolLM2-135M, and sizes off every tile (oneDNN blocks of 16/64, VNNI groups of 4)
+SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (33, 40), (100, 72), (7, 13)]
+ROWS = [1, 3, 16, 17, 64, 129, 512]
+
+
+def _operands(m: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * 4  # rows of different ranges
+    w = torch.randn(n, k, generator=g) * 0.05
+    return x, w
+
+
+def _reference(x: torch.Tensor, w: W8A8Weight) -> torch.Tensor:
+    """float64 arithmetic on the same int8 codes and scales."""
+    q, sx = quantize_rows(x)
+    return (q.double() @ w.wt.double()) * sx.double() * w.sw.double()
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_int8_linear_matches_float64_over_shapes(n: int, k: int) -> None:
+    x_all, wf = _operands(max(ROWS), n, k, seed=n * 1000 + k)
+    w = W8A8Weight(wf, None, 1)
+    for m in ROWS:
+        x = x_all[:m]
+        y = w(x)
+        assert y.shape == (m, n) and y.dtype == torch.float32
+        ref = _reference(x, w)
+        # exact int32 sums: only the float32 dequantization (two products) rounds
+        assert torch.allclose(y.double(), ref, rtol=2e-6, atol=1e-30), (m, (y.double() - ref).abs().max())
+        # against the unquantized float64 product: x = xh + ex, w = wh + ew with |ex| <= sx / 2, |ew| <= sw / 2,
+        # so |xh wh^T - x w^T| <= |xh| |ew|^T + |ex| |wh|^T + |ex| |ew|^T, plus the float32 rounding
+        q, sx = quantize_rows(x)
+        xh, wh = q.double() * sx.double(), w.dequantize().double()
+        ex, ew = sx.double() / 2, w.sw.double()[None, :] / 2  # [M, 1], [1, N]
+        bound = xh.abs().sum(1, keepdim=True) * ew + ex * wh.abs().sum(1)[None, :] + ex * ew * k
+        err = (y.double() - x.double() @ wf.double().t()).abs()
+        assert (err <= bound * (1 + 1e-5) + 1e-6).all(), m
+
+
+def test_lm_head_shape_and_bfloat16_activations() -> None:
+    x, wf = _operands(16, 49152, 576, seed=7)
+    w = W8A8Weight(wf, None, 1)
+    y = w(x.bfloat16())
+    assert y.dtype == torch.bfloat16 and y.shape == (16, 49152)
+    ref = _reference(x.bfloat16().float(), w)
+    assert torch.allclose(y.double(), ref, rtol=2**-7, atol=1e-6)
+
+
+def test_rows_are_batch_invariant() -> None:
+    """A row's output is the same bits alone, in a batch of 17 and in a batch of 512 (per-token scales, exact
+    int32 sums, an elementwise dequantization)."""
+    x, wf = _operands(512, 576, 1536, seed=3)
+    w = W8A8Weight(wf, None, 1)
+    full = w(x)
+    for m in (1, 17):
+        assert torch.equal(w(x[:m]), full[:m])
+    assert torch.equal(w(x[200:201]), full[200:201])
+
+
+def test_small_calls_run_the_small_kernel() -> None:
+    x, wf = _operands(32, 64, 96, seed=5)
+    small = quant.to_kernel(quant.quantize(wf, "int8", 0), "cpu")
+    w = W8A8Weight(small.dequantize(), small, min_rows=16)
+    assert not w.uses_int8(15) and w.uses_int8(16)
+    assert torch.equal(w(x[:15]), small(x[:15]))
+    assert torch.allclose(w(x[:16]).double(), _reference(x[:16], w), rtol=2e-6, atol=1e-30)
+    y3 = w(x[:4].reshape(2, 2, 96))  # leading dims are flattened and restored
+    assert y3.shape == (2, 2, 64)
+
+
+def test_quantize_rows_and_codes() -> None:
+    x = torch.tensor([[0.0, 0.0, 0.0], [1.0, -2.0, 0.5], [1e-30, 0.0, -1e-30]])
+    q, sx = quantize_rows(x)
+    assert q[0].tolist() == [0, 0, 0] and sx[0].item() == 1.0  # an all-zero row: codes 0, no division by zero
+    assert q[1].tolist() == [64, -127, 32] and sx[1].item() == pytest.approx(2 / 127)
+    assert q.abs().max() <= 127
+    codes, scale = int8_codes(torch.tensor([[0.0, 0.0], [3.0, -1.5]]))
+    assert codes.tolist() == [[0, 0], [127, -64]] and scale.tolist() == [1.0, pytest.approx(3 / 127)]
+
+
+def test_bad_inputs_are_refused() -> None:
+    wf = torch.randn(8, 16)
+    with pytest.raises(ValueError, match="float weight"):
+        W8A8Weight(wf.to(torch.int8), None, 1)
+    with pytest.raises(ValueError, match="min_rows"):
+        W8A8Weight(wf, None, 0)
+    with pytest.raises(ValueError, match="non-finite"):
+        W8A8Weight(torch.full((2, 2), float("nan")), None, 1)
+    small = quant.to_kernel(quant.quantize(torch.randn(8, 32), "int8", 0), "cpu")
+    with pytest.raises(ValueError, match="small kernel is 8x32"):
+        W8A8Weight(wf, small, 4)
+    w = W8A8Weight(wf, None, 1)
+    with pytest.raises(ValueError, match="input has 15 features"):
+        w(torch.randn(4, 15))
+
+
+def test_wrap_linears_replaces_quantized_weights_only() -> None:
+    class Layer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w_o = quant.to_kernel(quant.quantize(torch.randn(64, 64), "int4", 32), "cpu")
+            self.w_down = nn.Parameter(torch.randn(64, 64), requires_grad=False)  # dense: left alone
+
+    model = nn.Sequential(Layer(), Layer())
+    before = model[0].w_o
+    wrapped = wrap_linears(model, ("w_o", "w_down"), 8)
+    assert len(wrapped) == 2 and isinstance(model[0].w_o, W8A8Weight) and model[0].w_o.small is before
+    assert isinstance(model[0].w_down, nn.Parameter)
+    # the int8 codes round the 4-bit weight's own values: within half an int8 step per channel
+    err = (model[0].w_o.dequantize() - before.dequantize()).abs()
+    assert (err <= model[0].w_o.sw[:, None] / 2 + 1e-7).all()
+    assert wrap_linears(model, ("w_o",), 8) == []  # idempotent
+    line = describe_plan(model, ("w_o", "w_down"))
+    assert "w_o rows < 8: int4 weight-only (Int4Weight), rows >= 8: int8 x int8 -> int32" in line
