@@ -7,6 +7,8 @@ Candidates, each y = x @ W^T for float32 x [M, K], W [N, K]:
   int_mm eager  per-token absmax quantization of x in torch ops, torch._int_mm (oneDNN int8 GEMM, VNNI/AMX where
                 the CPU has them), y = acc * sx * sw
   int_mm comp.  the same under torch.compile (inductor fuses the quantization and the dequantization passes)
+  int4 w-only   the small-batch kernel of --quantization gguf on this CPU (4-bit codes, group 32, kernels.quant's
+                CPU layout: torch's int4pack kernel on bfloat16 activations, or kernels/cpu's on AVX2-only CPUs)
   qlinear       torch.ops.onednn.qlinear_pointwise on a prepacked weight; one activation scale per call (oneDNN's
                 op takes a per-tensor activation scale, so this is an upper bound on speed, not a per-token path)
 Per shape and M: microseconds per call (median of alternating rounds, each round --calls back-to-back calls) and
@@ -30,6 +32,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from machine import cpuinfo, describe  # noqa: E402  (bench/ is the script directory)
+
+from kernels.quant import quantize, to_kernel  # noqa: E402
 
 INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8", "avx512_bf16", "amx_bf16")
 
@@ -77,7 +81,9 @@ def candidates(m: int, n: int, k: int, compiled: Callable, qlinear: bool) -> dic
     wq = torch.round(w / sw[:, None]).to(torch.int8)
     wt = wq.t().contiguous()
     wb, xb = w.bfloat16(), x.bfloat16()
+    w4 = to_kernel(quantize(w, "int4", 32), "cpu")
     out: dict[str, Callable[[], torch.Tensor]] = {
+        "int4 w-only": lambda: w4(x),
         "fp32 mm": lambda: F.linear(x, w),
         "bf16 mm": lambda: F.linear(xb, wb).float(),
         "int_mm eager": lambda: w8a8(x, wt, sw),

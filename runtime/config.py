@@ -37,11 +37,11 @@ class ModelConfig:
     float weights on load (round-to-nearest; int4 per group, int8 per output channel); fp8 (e4m3 per channel)
     needs CUDA. w8a8_int8 (CPU): as gguf (int8 for float linears) for small calls, and int8 arithmetic (int8
     weights per channel, activations per token) from --quantization-int8-rows rows on (docs/quantization.md)."""
-    quantization_int8_rows: int = 16
+    quantization_int8_rows: int = 8
     """--quantization w8a8_int8: calls with at least this many rows (prefill, extend, mixed steps, decode batches
     of this size) run int8 x int8 -> int32 GEMMs (weights int8 per output channel, activations int8 per token,
     dynamic); fewer rows the weight-only kernels of --quantization gguf (int8 for a float checkpoint). Measured
-    crossover: bench/results/int8_linear.md."""
+    crossover (4-bit weight-only vs int8 on an AVX512-VNNI Xeon): 8 rows, bench/results/int8_linear_small.md."""
     quantization_group_size: int = 32
     """Inputs per scale for round-to-nearest int4 on load: 32, 64, 128 or 256 (GGUF Q4 blocks are always 32)."""
     quantization_dense_rows: int = 8
