@@ -15,6 +15,12 @@ decode kernels instead (the weight-only kernels that serve calls of fewer rows),
 window as consecutive extends of 7 tokens over the cached prefix; --modes picks the runs, a mode's third field
 being its --quantization-kernel, e.g. `--rows-per-call 7 --modes none:float32,auto:float32:native,auto:float32:torch`;
 a fourth field is its --kv-cache-dtype (`gguf:float32:native:float32` vs `...:float16`).
+
+--greedy 30 also decodes 30 prompts greedily (--greedy-tokens new tokens each, one batch: a batched prefill, then
+decode steps of 30 rows) in every mode and reports, against the first mode, how many continuations are identical
+and the mean length of the common prefix. The prompts are the first 48 tokens of 30 corpus windows that follow the
+scored ones (held out from the perplexity too), e.g. for the int8 arithmetic of --quantization w8a8_int8:
+`--modes none:float32,gguf:float32,w8a8_int8:float32 --greedy 30`.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from runtime.config import make_config  # noqa: E402
 from runtime.executor.forward_batch import ForwardBatch  # noqa: E402
+from runtime.executor.greedy import greedy_generate  # noqa: E402
 from runtime.executor.model_runner import create_model_runner  # noqa: E402
 from runtime.models.registry import default_model_path  # noqa: E402
 
@@ -107,6 +114,8 @@ def main() -> None:
     ap.add_argument("--rows-per-call", type=int, default=0, help="0: a window per forward (the dense path)")
     ap.add_argument("--modes", default=",".join(f"{m}:{d}" for m, d in MODES),
                     help="quantization:dtype[:kernel[:kv_cache_dtype]] runs, comma-separated")
+    ap.add_argument("--greedy", type=int, default=0, help="prompts for the greedy agreement (0: none)")
+    ap.add_argument("--greedy-tokens", type=int, default=32)
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     path = default_model_path()
@@ -118,6 +127,8 @@ def main() -> None:
     chunks = windows(ids, args.window, args.tokens)
     scored = sum(len(c) - 1 for c in chunks)
     print(f"corpus: {len(ids)} tokens, {len(chunks)} windows of {args.window}, {scored} scored", flush=True)
+    prompts = [w[:48] for w in windows(ids[args.tokens:], 64, 64 * args.greedy)]
+    conts: list[list[list[int]]] = []
     rows: list[tuple[str, float, float, str]] = []
     key = hashlib.sha256(json.dumps(chunks).encode()).hexdigest()[:16]  # the reference is cached per token set
     cache = os.path.join(os.path.dirname(args.out), "quant_ppl_hf.json")
@@ -132,7 +143,9 @@ def main() -> None:
     print(rows[-1], flush=True)
     for spec in args.modes.split(","):
         mode, dtype, kernel, kv = (spec.split(":") + ["auto", "auto"])[:4]
-        runner = create_model_runner(make_config(quantization=mode, dtype=dtype, max_total_tokens=args.window * 2,
+        pool = max(args.window * 2, len(prompts) * (48 + args.greedy_tokens) + 64)
+        runner = create_model_runner(make_config(quantization=mode, dtype=dtype, max_total_tokens=pool,
+                                                 disable_compile=True,  # eager: the same kernels, no compile wait
                                                  quantization_kernel=kernel, kv_cache_dtype=kv), progress=False)
         t0 = time.time()
         nll = sum(nll_radixgen(runner, c, args.rows_per_call) for c in chunks)
@@ -142,6 +155,8 @@ def main() -> None:
             f" --kv-cache-dtype {runner.cfg.model.kv_cache_dtype}" if kv != "auto" else "")
         rows.append((name, nll / scored, time.time() - t0, mb))
         print(rows[-1], flush=True)
+        if prompts:
+            conts.append(greedy_generate(runner, prompts, args.greedy_tokens))
         del runner
     ref = rows[0][1]
     feed = (f"each window fed as extends of {args.rows_per_call} tokens (calls of < 8 rows: the decode kernels)"
@@ -152,6 +167,16 @@ def main() -> None:
              "", "| run | weights MB | mean NLL | perplexity | vs first row |", "|---|---:|---:|---:|---:|"]
     for name, nll, _, mb in rows:
         lines.append(f"| {name} | {mb} | {nll:.4f} | {math.exp(nll):.3f} | {math.exp(nll - ref) - 1:+.2%} |")
+    if conts:
+        lines += ["", f"Greedy agreement with `{rows[1][0].removeprefix('radixgen ')}` on {len(prompts)} held-out "
+                  f"prompts of 48 tokens, {args.greedy_tokens} new tokens each (one batch):", "",
+                  "| run | identical continuations | mean common prefix (tokens) |", "|---|---:|---:|"]
+        for (name, *_), c in zip(rows[1:], conts, strict=True):
+            same = sum(a == b for a, b in zip(c, conts[0], strict=True))
+            prefix = [next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+                      for a, b in zip(c, conts[0], strict=True)]
+            lines.append(f"| {name} | {same}/{len(c)} | {sum(prefix) / len(prefix):.1f} |")
+    lines += ["", "Command: `bench/quant_ppl.py " + " ".join(sys.argv[1:]) + "`"]
     text = "\n".join(lines) + "\n"
     print(text)
     with open(args.out, "w") as fh:

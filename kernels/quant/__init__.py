@@ -24,6 +24,7 @@ from torch import nn
 
 from kernels.quant import gguf_blocks, rtn
 from kernels.quant.cpu_blocks import Q4BlockWeight, Q8BlockWeight, set_cpu_kernel, use_native
+from kernels.quant.w8a8 import W8A8Weight, wrap_linears
 from kernels.quant.weights import (
     Fp8Weight,
     Int4Weight,
@@ -35,7 +36,6 @@ from kernels.quant.weights import (
     pack_dense_panels,
     weight_nbytes,
 )
-from kernels.quant.w8a8 import W8A8Weight, wrap_linears
 
 MODES = ("none", "int8", "int4", "fp8")
 

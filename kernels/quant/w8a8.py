@@ -12,6 +12,12 @@ only (per-token scales, exact int32 sums), so a row's output is the same whateve
 oneDNN's kernel choice for the call does not change its float rounding of the dequantization, which is one product
 per element: rows are batch-invariant bit for bit (tests/kernels/test_w8a8.py checks it).
 
+Smoothing (SmoothQuant's migration, optional per weight): activations of some input channels run far larger than
+the rest, so one scale per token leaves the others few levels. With per-channel factors s [K] the product is
+unchanged, x @ W^T = (x / s) @ (W * s)^T: the int8 codes are rounded from W * s and calls quantize x * inv_s, one
+multiply fused into the quantization pass. s_k = amax_k^alpha / wmax_k^(1 - alpha), amax_k the largest |x[:, k]| seen
+on calibration text (`observe`), wmax_k the largest |W[:, k]|.
+
 Weights come from float weights or any QTensor (a GGUF's 4-bit or Q8_0 blocks): dequantized to float32, then
 rounded to int8 per output channel (`int8_codes`). The 4-bit codes of `small` stay the file's own, so small-batch
 decode reads the same bytes as under --quantization gguf.
@@ -34,18 +40,19 @@ def int8_codes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, scale[:, 0].contiguous()
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token dynamic int8: x [M, K] float -> (q int8 [M, K], sx float32 [M, 1]); x = q * sx up to rounding.
-    An all-zero row gets scale 1 (codes 0), never a division by zero."""
-    xf = x.float()
+def quantize_rows(x: torch.Tensor, inv_s: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token dynamic int8: x [M, K] float (times inv_s [K] when given) -> (q int8 [M, K], sx float32 [M, 1]);
+    x * inv_s = q * sx up to rounding. An all-zero row gets scale 1 (codes 0), never a division by zero."""
+    xf = x.float() if inv_s is None else x.float() * inv_s
     amax = xf.abs().amax(dim=1, keepdim=True)
     sx = torch.where(amax > 0, amax / QMAX, torch.ones_like(amax))
     return torch.round(xf / sx).to(torch.int8), sx
 
 
-def w8a8_mm(x: torch.Tensor, wt: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
-    """x [M, K] float; wt int8 [K, N]; sw float32 [N] -> float32 [M, N] = dequant(int8(x) @ wt)."""
-    q, sx = quantize_rows(x)
+def w8a8_mm(x: torch.Tensor, wt: torch.Tensor, sw: torch.Tensor, inv_s: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] float; wt int8 [K, N]; sw float32 [N]; inv_s float32 [K] or None -> float32 [M, N] =
+    dequant(int8(x * inv_s) @ wt)."""
+    q, sx = quantize_rows(x, inv_s)
     return torch._int_mm(q, wt) * sx * sw
 
 
@@ -55,6 +62,7 @@ class W8A8Weight(QuantWeight):
 
     wt: torch.Tensor  # buffers (register_buffer)
     sw: torch.Tensor
+    inv_s: torch.Tensor | None
 
     def __init__(self, w: torch.Tensor, small: QuantWeight | None, min_rows: int) -> None:
         """w: the float weight [N, K] to round (a QTensor's dequantization, or a checkpoint's float weight)."""
@@ -72,13 +80,36 @@ class W8A8Weight(QuantWeight):
         codes, scale = int8_codes(w)
         self.register_buffer("wt", codes.t().contiguous())  # [K, N]
         self.register_buffer("sw", scale)  # [N]
+        self.register_buffer("inv_s", None)  # [K] after smooth()
         self.register_buffer("dense", None)  # never a dense copy: the int8 GEMM is what large calls run
         self.small = small
         self.min_rows = min_rows
+        self.observing = False
+        self.amax: torch.Tensor | None = None  # [K] while observing: the largest |x| per input channel seen
+
+    def observe(self, on: bool) -> None:
+        """While on, every call records max |x| per input channel and runs the exact path (`small`, else a float
+        product on the current codes); off leaves the record for smooth()."""
+        self.amax = torch.zeros(self.in_features) if on else self.amax
+        self.observing = on
+
+    def smooth(self, w: torch.Tensor, alpha: float) -> None:
+        """Re-round the int8 codes from the float weight w [N, K] with smoothing factors from the recorded amax
+        (module doc); alpha 0 is plain per-channel rounding."""
+        if self.amax is None:
+            raise RuntimeError("smooth() needs observe(True), calls, then observe(False)")
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"smoothing alpha must be in [0, 1], got {alpha}")
+        a, b = self.amax.clamp_min(1e-5), w.float().abs().amax(0).clamp_min(1e-5)
+        s = (a**alpha / b ** (1 - alpha)).clamp(1e-3, 1e3) if alpha > 0 else torch.ones_like(a)
+        codes, scale = int8_codes(w.float() * s)
+        self.wt, self.sw = codes.t().contiguous(), scale
+        self.inv_s = None if alpha == 0 else (1.0 / s).contiguous()
 
     def dequantize(self) -> torch.Tensor:
-        """The weight the int8 path multiplies by, float32 [N, K]."""
-        return self.wt.t().float() * self.sw[:, None]
+        """The weight the int8 path multiplies by, float32 [N, K] (smoothing undone)."""
+        w = self.wt.t().float() * self.sw[:, None]
+        return w if self.inv_s is None else w * self.inv_s
 
     def takes_dense_copy(self) -> bool:
         return False
@@ -89,10 +120,14 @@ class W8A8Weight(QuantWeight):
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input has {x.shape[-1]} features, the weight takes {self.in_features}")
+        if self.observing:
+            assert self.amax is not None  # set by observe(True)
+            self.amax = torch.maximum(self.amax, x.detach().float().abs().amax(0))
+            return self.small(x) if self.small is not None else (x.float() @ self.dequantize().t()).to(x.dtype)
         if not self.uses_int8(x.shape[0]):
             assert self.small is not None  # uses_int8 is True without a small kernel
             return self.small(x)
-        return w8a8_mm(x, self.wt, self.sw).to(x.dtype)
+        return w8a8_mm(x, self.wt, self.sw, self.inv_s).to(x.dtype)
 
 
 def wrap_linears(model: nn.Module, names: tuple[str, ...], min_rows: int) -> list[W8A8Weight]:

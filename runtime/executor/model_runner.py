@@ -38,6 +38,8 @@ from runtime.executor.memory import KVPool, ReqToTokenTable, SlotAllocator, gpu_
 from runtime.executor.staging import upload
 from runtime.models import tensor_parallel
 from runtime.models.arch import ModelArch
+from runtime.models.int8_calibration import DENSE_CLASSES as INT8_DENSE_CLASSES
+from runtime.models.int8_calibration import setup_int8
 from runtime.models.llama import LINEAR_WEIGHTS, LlamaForCausalLM
 from runtime.models.loader import load_weights, read_eos_ids
 from runtime.models.quant_policy import W8A8
@@ -79,9 +81,15 @@ class ModelRunner:
         self.model = LlamaForCausalLM(arch, weights, self.device, self.dtype, reduce=reduce)
         self.dense_copy_bytes = 0  # copies of quantized weights for batched calls (--quantization-dense-rows)
         self.int8_linears = 0  # W8A8 linears (--quantization w8a8_int8): int8 arithmetic for calls of many rows
-        if mc.quantization == W8A8:
-            self.int8_linears = len(quant.wrap_linears(self.model, LINEAR_WEIGHTS, mc.quantization_int8_rows))
-            log.info("%s", describe_int8_plan(self.model, LINEAR_WEIGHTS))
+        if mc.quantization == W8A8:  # int8 classes calibrated; the rest keep dense copies below (int8_calibration)
+            self.int8_linears = len(setup_int8(self.model, mc.quantization_int8_rows))
+            log.info("%s; %s rows >= %d: dense %s copy", describe_int8_plan(self.model, LINEAR_WEIGHTS),
+                     "/".join(INT8_DENSE_CLASSES), mc.quantization_int8_rows, mc.dtype)
+            for m in self.model.modules():
+                for name in INT8_DENSE_CLASSES:
+                    w = m._modules.get(name)
+                    if isinstance(w, quant.QuantWeight):
+                        self.dense_copy_bytes += quant.keep_dense_copies(w, mc.quantization_int8_rows, self.dtype)
         elif self.device.type == "cpu" and mc.quantization_dense_rows > 0:
             self.dense_copy_bytes = quant.keep_dense_copies(self.model, mc.quantization_dense_rows, self.dtype)
         self.panel_weights = 0  # dense float32 linears held as column panels (kernels/cpu/linear.cpp)

@@ -93,6 +93,32 @@ def test_quantize_rows_and_codes() -> None:
     assert codes.tolist() == [[0, 0], [127, -64]] and scale.tolist() == [1.0, pytest.approx(3 / 127)]
 
 
+def test_smoothing_keeps_the_product_and_calibrates_on_observed_inputs() -> None:
+    """An input channel 50x larger than the rest: observe() records it, smooth() moves it into the weight, and
+    the int8 product gets closer to the float one than without smoothing; dequantize() undoes the factors."""
+    x, wf = _operands(64, 96, 128, seed=11)
+    x[:, 5] *= 50
+    plain = W8A8Weight(wf, None, 1)
+    w = W8A8Weight(wf, None, 1)
+    with pytest.raises(RuntimeError, match="observe"):
+        w.smooth(wf, 0.5)
+    w.observe(True)
+    y_obs = w(x[:32])  # observing runs the float product on the current codes
+    w.observe(False)
+    assert torch.allclose(y_obs, x[:32] @ plain.dequantize().t(), rtol=1e-5, atol=1e-4)
+    assert w.amax is not None and w.amax.argmax().item() == 5
+    w.smooth(wf, 0.5)
+    assert w.inv_s is not None
+    assert (w.dequantize() - wf).abs().max() <= (w.sw[:, None] / 2 * w.inv_s[None, :]).max() + 1e-6
+    ref = x.double() @ wf.double().t()
+    err_s, err_p = (w(x).double() - ref).abs().mean(), (plain(x).double() - ref).abs().mean()
+    assert err_s < 0.5 * err_p, (err_s, err_p)
+    q, sx = quantize_rows(x, w.inv_s)
+    assert torch.allclose(w(x).double(), (q.double() @ w.wt.double()) * sx.double() * w.sw.double(), rtol=2e-6)
+    with pytest.raises(ValueError, match="alpha"):
+        w.smooth(wf, 1.5)
+
+
 def test_bad_inputs_are_refused() -> None:
     wf = torch.randn(8, 16)
     with pytest.raises(ValueError, match="float weight"):

@@ -141,3 +141,31 @@ def test_quantized_checkpoints_are_refused(tmp_path) -> None:
     path = _tiny_llama(tmp_path, {"quant_method": "gptq", "bits": 4})
     with pytest.raises(UnsupportedQuantization, match="quantized with 'gptq', which radixgen cannot load"):
         load_weights(path, torch.float32, progress=False)
+
+
+def test_w8a8_int8_serves_smollm(smollm_path, hf_smollm) -> None:
+    """--quantization w8a8_int8: every int8 linear keeps its GGUF weight-only kernel for calls of < 8 rows and gets int8
+    codes per channel for the int8 arithmetic above; greedy decoding of a batch that crosses the threshold (a
+    9-row prefill, then 9-row decode steps, all int8) answers Paris, and the 1-row prompt alone (weight-only
+    decode) too."""
+    runner = create_model_runner(make_config(model_path=smollm_path, max_total_tokens=1024,
+                                             quantization="w8a8_int8"), progress=False)
+    assert runner.int8_linears == 30 * 3 + 1 and runner.dense_copy_bytes > 0  # w_down: dense copies
+    w = runner.model.layers[3].w_qkv
+    assert isinstance(w, quant.W8A8Weight) and w.min_rows == 8 and isinstance(w.small, quant.Int4Weight)
+    assert w.inv_s is not None and runner.model.layers[3].w_gate_up.inv_s is None  # smoothed / plain
+    assert not isinstance(runner.model.layers[3].w_down, quant.W8A8Weight)
+    # int8 codes round the file's 4-bit values (times the smoothing factors): within half a step per element
+    err = (w.dequantize() - w.small.dequantize()).abs()
+    assert (err <= (w.sw[:, None] / 2) * w.inv_s[None, :] + 1e-6).all()
+    prompt = _paris_prompt(hf_smollm)
+    outs = greedy_generate(runner, [prompt] * 9, 12, runner.eos_token_ids)
+    assert all("Paris" in hf_smollm[1].decode(o) for o in outs)
+    assert all(o == outs[0] for o in outs)  # rows are batch-invariant under int8
+    alone = greedy_generate(runner, [prompt[-1:]], 1)  # one row: the weight-only kernels
+    assert len(alone[0]) == 1
+    with pytest.raises(ValueError, match="w8a8_int8 runs on CPU only"):
+        resolve(make_config(device="cuda", quantization="w8a8_int8"))
+    with pytest.raises(ValueError, match="--quantization-int8-rows must be >= 1"):
+        _resolved(quantization="w8a8_int8", quantization_int8_rows=0)
+    assert _resolved(quantization="w8a8_int8").quantization == "w8a8_int8"
