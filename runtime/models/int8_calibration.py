@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from kernels.quant import QuantWeight
 from kernels.quant.w8a8 import W8A8Weight, wrap_linears
+from runtime.models.llama import LlamaForCausalLM
 
 INT8_CLASSES = {"w_qkv": 0.5, "w_o": 0.5, "w_gate_up": 0.0, "lm_head": 0.5}  # class -> smoothing alpha
 DENSE_CLASSES = ("w_down",)  # many-row calls: a dense GEMM on a kept copy in the model's dtype
@@ -36,13 +36,13 @@ def _causal_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int
     return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True).transpose(0, 1).to(q.dtype)
 
 
-def _logits(model: nn.Module, ids: list[int]) -> torch.Tensor:
+def _logits(model: LlamaForCausalLM, ids: list[int]) -> torch.Tensor:
     t = torch.tensor(ids)
     return model.forward_tokens(t, torch.arange(len(ids)), torch.tensor([len(ids) - 1]), _causal_attend)
 
 
 @torch.inference_mode()
-def calibration_ids(model: nn.Module) -> list[list[int]]:
+def calibration_ids(model: LlamaForCausalLM) -> list[list[int]]:
     """Each seed token followed by the model's greedy continuation (exact kernels, before any int8 path)."""
     out = []
     for seed in SEED_TOKENS:
@@ -54,7 +54,7 @@ def calibration_ids(model: nn.Module) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def setup_int8(model: nn.Module, min_rows: int) -> list[W8A8Weight]:
+def setup_int8(model: LlamaForCausalLM, min_rows: int) -> list[W8A8Weight]:
     """Wrap the INT8_CLASSES linears of `model` (runtime.models.llama) in W8A8Weights and calibrate their smoothing;
     returns them. DENSE_CLASSES are left to the caller's dense copies."""
     seqs = calibration_ids(model)
@@ -69,8 +69,8 @@ def setup_int8(model: nn.Module, min_rows: int) -> list[W8A8Weight]:
             w.observe(False)
     for m in model.modules():
         for name, alpha in INT8_CLASSES.items():
-            w = m._modules.get(name)
-            if isinstance(w, W8A8Weight):
-                assert isinstance(w.small, QuantWeight)  # wrap_linears wraps quantized weights only
-                w.smooth(w.small.dequantize(), alpha)
+            q = m._modules.get(name)
+            if isinstance(q, W8A8Weight):
+                assert isinstance(q.small, QuantWeight)  # wrap_linears wraps quantized weights only
+                q.smooth(q.small.dequantize(), alpha)
     return weights
