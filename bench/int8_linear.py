@@ -14,7 +14,7 @@ Candidates, each y = x @ W^T for float32 x [M, K], W [N, K]:
 Per shape and M: microseconds per call (median of alternating rounds, each round --calls back-to-back calls) and
 the effective G(FL)OP/s 2 M N K / t.
 
-    /work/notes/bin/cpu-bench .venv/bin/python bench/int8_linear.py [--rounds 5] [--rows 1,4,...]
+    .venv/bin/python bench/int8_linear.py [--rounds 5] [--rows 1,4,...]
 """
 
 from __future__ import annotations
