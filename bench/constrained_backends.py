@@ -219,7 +219,7 @@ class Server:
 
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(f"/tmp/radixgen-bench-constrained-{port}.log", "w")  # noqa: SIM115
-        self.proc = subprocess.Popen([sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port",
+        self.proc = subprocess.Popen([sys.executable, "-m", "server", "serve", "--compile-mode", "sync", "--host", "127.0.0.1", "--port",
                                       str(port), "--log-level", "warning", *flags], cwd=ROOT, stdout=self.log,
                                      stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 600

@@ -96,7 +96,7 @@ def main() -> None:
             on, off = fl.RuntimeEndpoint(args.url_on), fl.RuntimeEndpoint(args.url_off)
         else:
             model = args.model_path or _default_model()
-            cmd = [sys.executable, "-m", "server", "serve"]
+            cmd = [sys.executable, "-m", "server", "serve", "--compile-mode", "sync"]
             rt_on = fl.Runtime(model_path=model, launch_command=cmd, cwd=str(ROOT), launch_timeout=600)
             runtimes.append(rt_on)
             rt_off = fl.Runtime(model_path=model, launch_command=cmd, cwd=str(ROOT), launch_timeout=600,

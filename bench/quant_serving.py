@@ -35,7 +35,7 @@ def radixgen(mode: str, port: int, gguf: str, dtype: str) -> HttpSystem:
     """mode: a --quantization value, optionally with a --quantization-kernel after a colon ("auto:torch") and a
     --kv-cache-dtype after a second one ("auto::float32": the default kernel, a float32 KV cache)."""
     quantization, kernel, kv = (mode.split(":") + ["", ""])[:3]
-    cmd = [sys.executable, "-m", "server", "serve", "--model-path", gguf, "--host", "127.0.0.1", "--port",
+    cmd = [sys.executable, "-m", "server", "serve", "--compile-mode", "sync", "--model-path", gguf, "--host", "127.0.0.1", "--port",
            str(port), "--served-model-name", MODEL_NAME, "--dtype", dtype, "--num-threads", "2",
            "--quantization", quantization] + (["--quantization-kernel", kernel] if kernel else []) + (
            ["--kv-cache-dtype", kv] if kv else [])

@@ -51,7 +51,7 @@ def workload(words: int) -> list[str]:
 
 
 def start(extra: list[str], port: int, threads: int) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port), "--num-threads",
+    argv = [sys.executable, "-m", "server", "serve", "--compile-mode", "sync", "--host", "127.0.0.1", "--port", str(port), "--num-threads",
             str(threads), "--disable-compile", "--log-level", "warning", *extra]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -181,7 +181,7 @@ def _fmt(v: object) -> str:
 
 def launch(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     port = args.port
-    cmd = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, "-m", "server", "serve", "--compile-mode", "sync", "--host", "127.0.0.1", "--port", str(port),
            "--log-level", "warning", *args.server_args.split()]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None

@@ -217,6 +217,8 @@ def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
             cmd = [
                 exe,
                 "serve",
+                "--compile-mode",  # measure the compiled steady state: ready once every bucket is loaded
+                "sync",
                 "--model-path",
                 gguf,
                 "--host",
