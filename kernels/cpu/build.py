@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import os
 import platform
 import shutil
 import subprocess
@@ -116,14 +117,15 @@ def _ninja_file(lib: str, variants: dict[str, list[str]]) -> str:
     libs = " ".join(f"-L{p}" for p in cpp_extension.library_paths())
     lines = [
         "ninja_required_version = 1.3",
+        f"cxx = {os.environ.get('CXX') or 'c++'}",  # the compiler named by CXX, as torch's extension builds do
         f"cflags = {' '.join(CFLAGS)} {abi} -I{HERE} {inc}",
         f"ldflags = -shared -fopenmp {libs} -lc10 -ltorch_cpu -ltorch",
         "rule cxx",
-        "  command = c++ -MMD -MF $out.d $cflags $isa_flags -c $in -o $out",
+        "  command = $cxx -MMD -MF $out.d $cflags $isa_flags -c $in -o $out",
         "  depfile = $out.d",
         "  deps = gcc",
         "rule link",
-        "  command = c++ $in $ldflags -o $out",
+        "  command = $cxx $in $ldflags -o $out",
     ]
     objs = []
     for name, opts in variants.items():

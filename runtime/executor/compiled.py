@@ -30,8 +30,8 @@ from runtime.models.attn_op import PINNED_BASE, opaque_attend, register_backend
 
 if TYPE_CHECKING:
     from kernels.api import BaseAttnBackend
+    from runtime.config import ModelConfig
     from runtime.executor.compile_manager import CompileManager
-    from runtime.executor.model_runner import ModelRunner
     from runtime.models.llama import LlamaForCausalLM
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,8 @@ def build_compiled_decode(model: LlamaForCausalLM, attn: BaseAttnBackend, req_to
 _packaged_runners = 0  # runners of this process on packaged graphs so far (the scheduler's first, a draft next)
 
 
-def start_packaged_decode(runner: ModelRunner, max_bs: int) -> CompileManager:
+def start_packaged_decode(mc: ModelConfig, model_path: str, model: LlamaForCausalLM, attn: BaseAttnBackend,
+                          req_to_token: torch.Tensor, pad_slot: int, max_bs: int) -> CompileManager:
     """--compile-mode background/sync: decode graphs from AOTInductor packages in the artifact cache, each
     bucket replayed once loaded (runtime/executor/compile_manager.py). Cached buckets load now; the rest
     compile here (sync) or in a background process (background)."""
@@ -112,20 +113,19 @@ def start_packaged_decode(runner: ModelRunner, max_bs: int) -> CompileManager:
     from runtime.executor.compile_manager import CompileManager
 
     global _packaged_runners
-    mc = runner.cfg.model
     # a pinned index, the same in every process that builds its runners in the same order (the worker too)
-    backend_id = register_backend(runner.attn, at=PINNED_BASE + _packaged_runners)
+    backend_id = register_backend(attn, at=PINNED_BASE + _packaged_runners)
     _packaged_runners += 1
-    graphs = DecodeGraphRunner(runner.model, runner.attn, runner.req_to_token.table, runner.pool.pad_slot, max_bs,
+    graphs = DecodeGraphRunner(model, attn, req_to_token, pad_slot, max_bs,
                                graph_factory=_loads_only, attend=opaque_attend(backend_id), buckets=CPU_BUCKETS,
                                label="compiled graphs", split_larger=True)
     cache = ArtifactCache(mc.compile_cache_dir or load_env().cache_dir, mc.compile_cache_max_mb << 20)
-    base = aot_graph.key_base(runner.model_path, mc.dtype, mc.quantization, mc.quantization_kernel,
+    base = aot_graph.key_base(model_path, mc.dtype, mc.quantization, mc.quantization_kernel,
                               mc.kv_cache_dtype, mc.attention_backend, backend_id,
                               {"quantization_dense_rows": mc.quantization_dense_rows,
                                "quantization_group_size": mc.quantization_group_size,
                                "num_threads": mc.num_threads, "fallbacks": sorted(fallbacks.recorded())})
-    job = {"model": {**dataclasses.asdict(mc), "model_path": runner.model_path}, "backend_id": backend_id}
+    job = {"model": {**dataclasses.asdict(mc), "model_path": model_path}, "backend_id": backend_id}
     manager = CompileManager(graphs, mc.compile_mode, cache, base, job)
     manager.start()
     return manager

@@ -132,7 +132,8 @@ class ModelRunner:
                     self.model, self.attn, self.req_to_token.table, self.pool.pad_slot, max_bs, progress
                 )
             else:
-                self.compile = start_packaged_decode(self, max_bs)
+                self.compile = start_packaged_decode(mc, self.model_path, self.model, self.attn,
+                                                     self.req_to_token.table, self.pool.pad_slot, max_bs)
                 self.graph_runner = self.compile.graphs
         if self.device.type == "cuda" and not mc.disable_cuda_graph and self.tp_size == 1:
             if self.attn.supports_cuda_graph:

@@ -34,9 +34,12 @@ BUDGET = 12
 
 @pytest.fixture(scope="module")
 def servers():
+    # float32 with dense weights: where speculative and plain greedy output are promised equal (docs/speculative.md)
+    exact = ("--dtype", "float32", "--quantization", "none")
     a = ServerProc("--reasoning-parser", "deepseek-r1", "--tool-call-parser", "qwen25", "--speculative-algorithm",
-                   "ngram", "--max-total-tokens", "8192", "--grammar-compile-timeout", "120", "--log-level", "info")
-    b = ServerProc("--max-total-tokens", "8192", "--grammar-compile-timeout", "120", "--log-level", "warning")
+                   "ngram", "--max-total-tokens", "8192", "--grammar-compile-timeout", "120", "--log-level", "info",
+                   *exact)
+    b = ServerProc("--max-total-tokens", "8192", "--grammar-compile-timeout", "120", "--log-level", "warning", *exact)
     try:
         yield a.wait_ready(600), b.wait_ready(600)  # a shared, loaded CPU can take minutes
     finally:

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from kernels import fallbacks
 from runtime.config import make_config
 from runtime.executor.greedy import greedy_generate
 from runtime.executor.model_runner import create_model_runner
@@ -29,7 +30,10 @@ def _runner(path: str, cache: str, mode: str):
         mp.undo()
 
 
-def test_sync_package_matches_eager_and_a_restart_loads_it(tmp_path):
+def test_sync_package_matches_eager_and_a_restart_loads_it(tmp_path, monkeypatch):
+    # The key names the start-up fallbacks in effect; the restart below is a fresh process with none, so this
+    # process must have none either (other tests of a session may have recorded some).
+    monkeypatch.setattr(fallbacks, "_recorded", {})
     path, cache = tiny_checkpoint(tmp_path / "tiny", "llama"), str(tmp_path / "graphs")
     eager, compiled = _runner(path, cache, "off"), _runner(path, cache, "sync")
     assert compiled.compile is not None and compiled.compile.compiled_here.keys() == {1}
