@@ -55,8 +55,8 @@ from frontend_lang.choices import (
     unconditional_likelihood_normalized,
 )
 from frontend_lang.global_config import global_config
-from frontend_lang.interpreter import ProgramState, ProgramStateGroup
 from frontend_lang.program import Function
+from frontend_lang.program_state import ProgramState, ProgramStateGroup
 
 __version__ = "0.1.0"
 

@@ -18,7 +18,8 @@ from typing import Any
 
 from frontend_lang import ir
 from frontend_lang.global_config import global_config
-from frontend_lang.interpreter import ProgramState, StreamExecutor
+from frontend_lang.interpreter import StreamExecutor
+from frontend_lang.program_state import ProgramState
 from frontend_lang.tracer import extract_prefix_by_tracing
 
 _RUN_KEYS = (

@@ -54,7 +54,8 @@ class _TracingBackend(BaseBackend):
 
 
 def extract_prefix_by_tracing(program: Any, backend: Any) -> str:
-    from frontend_lang.interpreter import ProgramState, StreamExecutor
+    from frontend_lang.interpreter import StreamExecutor
+    from frontend_lang.program_state import ProgramState
 
     args = {name: _Placeholder(name) for name in program.arg_names}
     args.update(program.bind_arguments)
