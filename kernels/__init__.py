@@ -17,12 +17,15 @@ log = logging.getLogger(__name__)
 
 
 def create_attn_backend(
-    name: str, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, windows: tuple[int, ...] = ()
+    name: str, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, windows: tuple[int, ...] = (),
+    local_pool: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> BaseAttnBackend:
     """Factory by name; imports triton / flashinfer only when asked for them.
 
     windows: per-layer attention windows (0: full attention); with any sliding-window layer the backend is
     wrapped in kernels.sliding_window.SlidingWindowBackend over two instances of the named one.
+    local_pool: (k_cache, v_cache, slot_map) of the sliding-window layers' own pool; `k_cache`, `v_cache` then
+    hold the full-attention layers only (runtime/executor/swa_memory.py). None: one pool of every layer.
 
     "cpu" is the native CPU backend (kernels/cpu), compiled on first use: a build failure raises. "auto" on a
     CPU pool picks "cpu" for float32/bfloat16/float16 pools ("torch" for other dtypes) and, when it cannot be
@@ -32,8 +35,9 @@ def create_attn_backend(
         from kernels.sliding_window import SlidingWindowBackend
 
         full = create_attn_backend(name, k_cache, v_cache, scale)
-        local = type(full)(k_cache, v_cache, scale)  # type: ignore[call-arg]  # every backend takes these three
-        return SlidingWindowBackend(full, local, k_cache, v_cache, scale, windows)
+        lk, lv, slot_map = local_pool if local_pool is not None else (k_cache, v_cache, None)
+        local = type(full)(lk, lv, scale)  # type: ignore[call-arg]  # every backend takes these three
+        return SlidingWindowBackend(full, local, lk, lv, scale, windows, slot_map)
     native_dtypes = (torch.float32, torch.bfloat16, torch.float16)
     if name == "auto" and k_cache.device.type == "cpu" and k_cache.dtype not in native_dtypes:
         name = "torch"

@@ -125,6 +125,11 @@ class CacheConfig:
     write_back (only what the pool evicts: fewer writes, but a restart loses what was never evicted)."""
     hicache_min_load_tokens: int = 64
     """Shortest run of tier tokens worth loading; a shorter one is recomputed (bench/results/hicache.md)."""
+    swa_full_tokens_ratio: float = 0.8
+    """Models with sliding-window layers (Gemma 3): slots of the sliding layers' own KV pool per slot of the
+    full-attention layers' pool (docs/gemma3.md). Both pools share the KV budget."""
+    disable_hybrid_swa_memory: bool = False
+    """Keep every layer's KV in one pool even for sliding-window layers (their memory then grows with length)."""
 
 
 @dataclass(frozen=True)
@@ -377,6 +382,8 @@ def resolve(cfg: Config) -> Config:
     if cfg.cache.hicache_write_policy not in ("write_through", "write_back"):
         raise ValueError(f"--hicache-write-policy must be write_through or write_back, got "
                          f"{cfg.cache.hicache_write_policy!r}")
+    if not 0.0 < cfg.cache.swa_full_tokens_ratio <= 1.0:
+        raise ValueError(f"--swa-full-tokens-ratio must be in (0, 1], got {cfg.cache.swa_full_tokens_ratio}")
     if cfg.cache.hicache_size <= 0:
         raise ValueError(f"--hicache-size must be positive (GB), got {cfg.cache.hicache_size}")
     if cfg.cache.enable_hierarchical_cache and cfg.parallel.tp_size > 1:

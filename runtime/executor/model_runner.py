@@ -36,6 +36,7 @@ from runtime.executor.cuda_graph import CudaGraphRunner, DecodeGraphRunner
 from runtime.executor.forward_batch import ForwardBatch
 from runtime.executor.memory import KVPool, ReqToTokenTable, SlotAllocator, gpu_kv_slots
 from runtime.executor.staging import upload
+from runtime.executor.swa_memory import SWASlotAllocator, check_hybrid_swa
 from runtime.models import tensor_parallel
 from runtime.models.arch import ModelArch
 from runtime.models.int8_calibration import DENSE_CLASSES as INT8_DENSE_CLASSES
@@ -105,19 +106,37 @@ class ModelRunner:
         self.vocab_size = arch.vocab_size
         self.eos_token_ids = read_eos_ids(self.model_path)
         self.context_len = min(mc.context_length or arch.max_position, arch.max_position)
+        # sliding-window layers in their own pool (runtime/executor/swa_memory.py) unless turned off
+        self.hybrid_swa = any(arch.layer_windows) and not cfg.cache.disable_hybrid_swa_memory
+        if self.hybrid_swa:
+            check_hybrid_swa(cfg)
         self._init_pool(self._pool_size(cfg), progress)
 
     def _init_pool(self, num_slots: int, progress: bool) -> None:
         """The KV pool, its allocator, the request-to-token table, the attention backend over the pool and the
         decode graphs (which capture all of these)."""
         cfg, mc, arch = self.cfg, self.cfg.model, self.arch
-        self.pool = KVPool(arch.num_layers, num_slots, arch.num_kv_heads, arch.head_dim, self.kv_dtype, self.device)
-        self.allocator = SlotAllocator(num_slots, cfg.cache.page_size, strict=cfg.cache.strict_memory_check)
+        windows = tuple(arch.window(i) for i in range(arch.num_layers))
+        self.swa_pool: KVPool | None = None
+        self.allocator: SlotAllocator | SWASlotAllocator
+        local = None
+        if self.hybrid_swa:  # full layers in `pool`, sliding layers in `swa_pool`, full slot -> SWA slot map
+            swa_slots = max(1, int(num_slots * cfg.cache.swa_full_tokens_ratio))
+            n_swa = sum(1 for w in windows if w)
+            self.pool = KVPool(arch.num_layers - n_swa, num_slots, arch.num_kv_heads, arch.head_dim, self.kv_dtype,
+                               self.device)
+            self.swa_pool = KVPool(n_swa, swa_slots, arch.num_kv_heads, arch.head_dim, self.kv_dtype, self.device)
+            self.allocator = SWASlotAllocator(num_slots, swa_slots, self.device, cfg.cache.strict_memory_check)
+            local = (self.swa_pool.k_cache, self.swa_pool.v_cache, self.allocator.full_to_swa)
+            log.info("sliding-window KV pool: %d slots for %d sliding layers (window %d), full pool %d slots for "
+                     "%d layers", swa_slots, n_swa, arch.sliding_window, num_slots, arch.num_layers - n_swa)
+        else:
+            self.pool = KVPool(arch.num_layers, num_slots, arch.num_kv_heads, arch.head_dim, self.kv_dtype,
+                               self.device)
+            self.allocator = SlotAllocator(num_slots, cfg.cache.page_size, strict=cfg.cache.strict_memory_check)
         self.req_to_token = ReqToTokenTable(cfg.scheduler.max_running_requests, self.context_len, self.device)
-        self.attn = create_attn_backend(
-            mc.attention_backend, self.pool.k_cache, self.pool.v_cache, arch.attn_scale,
-            tuple(arch.window(i) for i in range(arch.num_layers)),
-        )
+        self.attn = create_attn_backend(mc.attention_backend, self.pool.k_cache, self.pool.v_cache, arch.attn_scale,
+                                        windows, local)
         log.info("model %s: %d layers, KV pool %d slots (%s), backend %s, %s",
                  self.model_path, arch.num_layers, num_slots, mc.kv_cache_dtype, mc.attention_backend, mc.dtype)
         self.graph_runner: DecodeGraphRunner | None = None
@@ -165,6 +184,10 @@ class ModelRunner:
     def _pool_size(self, cfg: Config) -> int:
         a = self.arch
         per_slot = KVPool.bytes_per_slot(a.num_layers, a.num_kv_heads, a.head_dim, self.kv_dtype)
+        if self.hybrid_swa:  # each full slot brings swa_full_tokens_ratio sliding-layer slots
+            n_swa = sum(1 for w in a.layer_windows if w)
+            per_layer = KVPool.bytes_per_slot(1, a.num_kv_heads, a.head_dim, self.kv_dtype)
+            per_slot = int(per_layer * (a.num_layers - n_swa + cfg.cache.swa_full_tokens_ratio * n_swa)) or 1
         if cfg.cache.max_total_tokens:
             n = cfg.cache.max_total_tokens
         elif self.device.type == "cuda":
@@ -188,6 +211,8 @@ class ModelRunner:
         graph replay's logits are a view valid until the next forward). Under tensor parallelism rank 0 first
         sends the step to the other ranks, which run it too (`forward_local`)."""
         self.req_to_token.flush()
+        if isinstance(self.allocator, SWASlotAllocator):
+            self.allocator.flush()
         if self.tp_size > 1:
             tp.broadcast_step(tp.step_payload(fb, self.req_to_token.table))
         return self.forward_local(fb)
