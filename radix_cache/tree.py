@@ -45,10 +45,10 @@ class TreeNode:
     `key`: token ids of the edge; `value`: int64 slots [len(key)]; `children`: child_key -> TreeNode;
     `lock_ref`: see the module docstring; `last_access`: logical clock of the last match/insert that walked
     through this node (the LRU order of eviction). The root has an empty key and value and is never locked
-    or evicted.
+    or evicted. `swa_lock_ref`: sliding-window locks (radix_cache/swa.py).
     """
 
-    __slots__ = ("key", "value", "parent", "children", "lock_ref", "last_access", "id")
+    __slots__ = ("key", "value", "parent", "children", "lock_ref", "swa_lock_ref", "last_access", "id")
 
     _next_id = 0
 
@@ -58,6 +58,7 @@ class TreeNode:
         self.parent = parent
         self.children: dict[int | tuple[int, ...], TreeNode] = {}
         self.lock_ref = 0
+        self.swa_lock_ref = 0  # sliding-window locks (radix_cache/swa.py); always 0 for models without windows
         self.last_access = last_access
         self.id = TreeNode._next_id
         TreeNode._next_id += 1
@@ -215,6 +216,7 @@ class RadixCache:
         assert parent is not None and 0 < n < len(child.key)
         upper = TreeNode(child.key[:n], child.value[:n], parent, child.last_access)
         upper.lock_ref = child.lock_ref
+        upper.swa_lock_ref = child.swa_lock_ref
         parent.children[self.child_key(child.key)] = upper
         child.key, child.value = child.key[n:], child.value[n:]
         child.parent = upper

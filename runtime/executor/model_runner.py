@@ -118,7 +118,7 @@ class ModelRunner:
         cfg, mc, arch = self.cfg, self.cfg.model, self.arch
         windows = tuple(arch.window(i) for i in range(arch.num_layers))
         self.swa_pool: KVPool | None = None
-        self.allocator: SlotAllocator | SWASlotAllocator
+        self.allocator: SlotAllocator
         local = None
         if self.hybrid_swa:  # full layers in `pool`, sliding layers in `swa_pool`, full slot -> SWA slot map
             swa_slots = max(1, int(num_slots * cfg.cache.swa_full_tokens_ratio))
@@ -126,7 +126,8 @@ class ModelRunner:
             self.pool = KVPool(arch.num_layers - n_swa, num_slots, arch.num_kv_heads, arch.head_dim, self.kv_dtype,
                                self.device)
             self.swa_pool = KVPool(n_swa, swa_slots, arch.num_kv_heads, arch.head_dim, self.kv_dtype, self.device)
-            self.allocator = SWASlotAllocator(num_slots, swa_slots, self.device, cfg.cache.strict_memory_check)
+            self.allocator = SWASlotAllocator(num_slots, swa_slots, arch.sliding_window, self.device,
+                                              cfg.cache.strict_memory_check)
             local = (self.swa_pool.k_cache, self.swa_pool.v_cache, self.allocator.full_to_swa)
             log.info("sliding-window KV pool: %d slots for %d sliding layers (window %d), full pool %d slots for "
                      "%d layers", swa_slots, n_swa, arch.sliding_window, num_slots, arch.num_layers - n_swa)

@@ -23,21 +23,21 @@ from runtime.executor.memory import SlotAllocator
 from runtime.executor.staging import upload
 
 
-class SWASlotAllocator:
-    """The SlotAllocator seam over both slot spaces: `alloc(n)` hands out n full slots, each with a fresh SWA slot;
-    `free(full)` frees both; `free_swa(full)` frees only the SWA part (the full KV stays).
+class SWASlotAllocator(SlotAllocator):
+    """The full slot space (this SlotAllocator) with the SWA one beside it: `alloc(n)` hands out n full slots, each
+    with a fresh SWA slot; `free(full)` frees both; `free_swa(full)` frees only the SWA part (the full KV stays).
 
     `full_to_swa` is the map on the model's device (what the backend reads); `host` is its CPU mirror (what the
     scheduler writes). On a CPU device they are one tensor; otherwise `flush()` (the model runner calls it before
     each forward) sends the entries written since the last flush.
     """
 
-    def __init__(self, full_slots: int, swa_slots: int, device: str | torch.device = "cpu",
+    def __init__(self, full_slots: int, swa_slots: int, window: int, device: str | torch.device = "cpu",
                  strict: bool = False) -> None:
-        self.full = SlotAllocator(full_slots, 1, strict)
+        """window: the sliding layers' attention window W (what the scheduler keeps per request)."""
+        super().__init__(full_slots, 1, strict)
         self.swa = SlotAllocator(swa_slots, 1, strict)
-        self.num_slots, self.page_size = full_slots, 1
-        self.swa_slots = swa_slots
+        self.swa_slots, self.window = swa_slots, window
         self.full_to_swa = torch.full((full_slots + 1,), -1, dtype=torch.int64, device=device)
         self.full_to_swa[full_slots] = swa_slots  # pad slot -> pad slot
         self.host = self.full_to_swa if self.full_to_swa.device.type == "cpu" else self.full_to_swa.cpu()
@@ -46,12 +46,15 @@ class SWASlotAllocator:
     # ---- SlotAllocator seam -------------------------------------------------------------------------------------
     def available(self) -> int:
         """Full slots obtainable right now with an SWA slot each."""
-        return min(self.full.available(), self.swa.available())
+        return min(self.full_available(), self.swa.available())
+
+    def full_available(self) -> int:
+        return super().available()
 
     def alloc(self, n: int) -> torch.Tensor | None:
-        if n > self.full.available() or n > self.swa.available():
+        if n > self.full_available() or n > self.swa.available():
             return None
-        full, swa = self.full.alloc(n), self.swa.alloc(n)
+        full, swa = super().alloc(n), self.swa.alloc(n)
         assert full is not None and swa is not None, "checked above"
         self._set(full, swa)
         return full
@@ -61,10 +64,10 @@ class SWASlotAllocator:
             return
         slots = slots.to(torch.int64).flatten()
         self.free_swa(slots)
-        self.full.free(slots)
+        super().free(slots)
 
     def reset(self) -> None:
-        self.full.reset()
+        super().reset()
         self.swa.reset()
         self.host[: self.num_slots] = -1
         if self.host is not self.full_to_swa:

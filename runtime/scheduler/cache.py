@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from radix_cache import RadixCache
+from radix_cache import RadixCache, TreeNode
 from runtime.executor.memory import ReqToTokenTable, SlotAllocator
 from runtime.scheduler.core import Req
 from runtime.scheduler.hicache import HiCache
@@ -53,6 +53,10 @@ class KVManager:
     def available(self) -> int:
         """Slots obtainable now: free plus evictable."""
         return self.free_size() + self.evictable_size()
+
+    def room(self) -> int:
+        """Slots the admission budget counts (a whole request's extend): `available()` for one pool."""
+        return self.available()
 
     # ---- matching -----------------------------------------------------------------------------------------------
     def peek_match(self, req: Req) -> int:
@@ -100,10 +104,8 @@ class KVManager:
             self.allocator.free(slots[: already - matched])
         m = self.tree.match_prefix(ids[:end], record=False)
         self.table.write(req.row_index, 0, m.slots)
-        self.tree.lock(m.last_node)
-        if req.last_node is not None:
-            self.tree.unlock(req.last_node)
-        req.last_node, req.cached_len, req.tree_len = m.last_node, m.length, m.length
+        req.cached_len, req.tree_len = m.length, m.length
+        self._move_lock(req, m.last_node, m.length)
 
     def alloc(self, n: int) -> torch.Tensor | None:
         """n fresh slots, evicting unlocked cache leaves if needed; None when even that is not enough."""
@@ -152,14 +154,12 @@ class KVManager:
         ids = req.fill_ids[: req.cached_len]
         slots = self.table.read(req.row_index, 0, req.cached_len)
         already = self.tree.insert(ids, slots)
-        if already > req.tree_len:
-            self.allocator.free(slots[req.tree_len : already])
         m = self.tree.match_prefix(ids, record=False)
+        if already > req.tree_len:
+            self._drop_duplicates(slots[req.tree_len : already], m.slots[req.tree_len : already])
         self.table.write(req.row_index, 0, m.slots)
-        self.tree.lock(m.last_node)
-        if req.last_node is not None:
-            self.tree.unlock(req.last_node)
-        req.last_node, req.tree_len = m.last_node, m.length
+        self._move_lock(req, m.last_node, m.length)
+        req.tree_len = m.length
 
     def cache_planned(self, req: Req) -> None:
         """Insert req's tokens [0, seq_len) into the tree while planning the step that computes them, so later
@@ -175,10 +175,8 @@ class KVManager:
             return
         self.tree.insert(ids, self.table.read(req.row_index, 0, req.seq_len))
         m = self.tree.match_prefix(ids, record=False)
-        self.tree.lock(m.last_node)
-        if req.last_node is not None:
-            self.tree.unlock(req.last_node)
-        req.last_node, req.tree_len = m.last_node, m.length
+        self._move_lock(req, m.last_node, m.length)
+        req.tree_len = m.length
 
     def release(self, req: Req) -> None:
         """Req leaves the pool (finished, aborted or retracted): its computed KV goes into the tree (so a next
@@ -198,13 +196,38 @@ class KVManager:
             aligned = req.cached_len - req.cached_len % self.page_size
             if aligned < req.cached_len:  # unaligned tail (page_size > 1) stays ours: free it
                 self.allocator.free(slots[aligned:])
-            if req.last_node is not None:
-                self.tree.unlock(req.last_node)
+            self._drop_lock(req)
             if self.hicache is not None and self.hicache.write_policy == "write_through" and aligned:
                 self.hicache.backup(ids[:aligned], self.tree.match_prefix(ids[:aligned], record=False).slots)
         self.table.free_row(req.row)
         req.row, req.last_node = None, None
         req.cached_len = req.tree_len = req.extend_len = 0
+
+    # ---- lock hooks (the sliding-window manager adds its own locks: runtime/scheduler/swa_cache.py) -----------
+    def _move_lock(self, req: Req, node: TreeNode, length: int) -> None:
+        """Lock `node` (its path spells req's first `length` tokens) for req, then drop req's previous lock (in
+        that order, so a shared path stays locked)."""
+        assert self.tree is not None
+        self.tree.lock(node)
+        self._drop_lock(req)
+        req.last_node = node
+
+    def _drop_lock(self, req: Req) -> None:
+        if self.tree is not None and req.last_node is not None:
+            self.tree.unlock(req.last_node)
+        req.last_node = None
+
+    def _drop_duplicates(self, own: torch.Tensor, canonical: torch.Tensor) -> None:
+        """req computed its own copies (`own`) of tokens the tree already holds (`canonical`): free them."""
+        self.allocator.free(own)
+
+    def pool_state(self) -> dict[str, int]:
+        """Extra pool counters for /get_server_info and /metrics (none for one pool)."""
+        return {}
+
+    def check(self, live: list[Req]) -> str | None:
+        """A broken extra pool invariant, named; None when all hold (one pool: nothing beyond the scheduler's)."""
+        return None
 
     def flush(self) -> bool:
         """Empty the tree (only when no request holds a lock)."""

@@ -4,6 +4,8 @@ Budgets for one step (SGLang's PrefillAdder; vLLM V1's one token budget):
 - `rem_total`: free + evictable slots, minus the room reserved for running requests' future tokens
   (`min(remaining_new_tokens, CLIP) * new_token_ratio` each); a new request costs its extend tokens plus
   its own reservation. The first request of an otherwise idle scheduler is admitted whenever its prompt fits.
+  (With a sliding-window pool `KVManager.room` counts the full pool only; each step's chunk is still cut to
+  `KVManager.available`, which also counts the window pool: runtime/scheduler/swa_cache.py.)
 - `rem_input`: `max_prefill_tokens` new tokens per step (a lone request may exceed it when chunking is off).
 - `rem_chunk`: `chunked_prefill_size`; a longer prompt is cut to what remains and becomes the one in-flight
   chunked request, continued first in the next steps.
@@ -113,7 +115,7 @@ class PrefillAdder:
             extend = req.fill_len - req.cached_len
             own = reservation(req, self.ratio)
             alone = self.idle and not self.reqs
-            fits = extend + own <= self.rem_total() or (alone and extend <= self.kv.available())
+            fits = extend + own <= self.rem_total() or (alone and extend <= self.kv.room())
             n = self._chunk_len(extend, self.kv.available()) if fits else 0
             if n <= 0 or not self._add(req, n):
                 self.kv.release(req)
@@ -127,7 +129,7 @@ class PrefillAdder:
 
     def rem_total(self) -> int:
         """Slots new requests may still take: free + evictable minus what is reserved."""
-        return self.kv.available() - self.reserved
+        return self.kv.room() - self.reserved
 
     def _chunk_len(self, extend: int, avail: int) -> int:
         """Tokens to compute now: the whole extend, or what the chunk budget and the pool allow."""

@@ -47,7 +47,6 @@ from runtime.messages import (
 )
 from runtime.sampling import mix_seed
 from runtime.sampling.params import SamplingParams
-from runtime.scheduler.cache import KVManager
 from runtime.scheduler.core import Batch, Req
 from runtime.scheduler.decode import DecodePlan, plan_decode, retract_ratio
 from runtime.scheduler.draft import DraftRunner
@@ -56,6 +55,7 @@ from runtime.scheduler.output import ResultProcessor
 from runtime.scheduler.policy import order_waiting, preemption_victims
 from runtime.scheduler.prefill import PrefillAdder, PrefillPlan, reservation
 from runtime.scheduler.speculative import create_speculator, speculation_on
+from runtime.scheduler.swa_cache import create_kv_manager
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Scheduler:
         self.cfg = cfg = resolve(cfg)
         self.runner = runner
         self.grammar_backend = grammar_backend
-        self.kv = KVManager(allocator, table, use_tree=not cfg.cache.disable_radix_cache, hicache=hicache)
+        self.kv = create_kv_manager(allocator, table, use_tree=not cfg.cache.disable_radix_cache, hicache=hicache)
         self.spec = (create_speculator(cfg, self.kv, frozenset(eos_ids), runner.vocab_size, draft_runner)
                      if speculation_on(cfg.speculative) else None)
         self.processor = ResultProcessor(self.kv, runner.vocab_size, frozenset(eos_ids), cfg, decode_fn,
@@ -464,6 +464,7 @@ class Scheduler:
             **{f"stall_steps_{r}": s[f"stall_steps_{r}"] for r in STALL_REASONS},
             **self._spec_state(),
             **(self.kv.hicache.state() if self.kv.hicache is not None else {}),
+            **self.kv.pool_state(),
             **self._compile_state(),
         }
 
@@ -492,6 +493,7 @@ class Scheduler:
         if self.kv.tree is not None and strict:
             self.kv.tree.check_integrity()
         draft = self.spec.proposer.check(live) if self.spec is not None else None  # the draft model's pool
+        draft = draft or self.kv.check(live)  # a second pool of the same tokens (sliding-window layers)
         if not ok or draft:
             msg = draft if ok else (f"KV pool leak: free {free} + evictable {ev} + locked {lk} + request-owned "
                                     f"{owned} != total {total} (running {len(live)})")
