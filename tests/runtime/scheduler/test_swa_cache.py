@@ -234,5 +234,5 @@ class SWACacheMachine(RuleBasedStateMachine):
 
 
 TestSWACacheMachine = SWACacheMachine.TestCase
-TestSWACacheMachine.settings = settings(max_examples=15, stateful_step_count=8, deadline=None,
+TestSWACacheMachine.settings = settings(max_examples=10, stateful_step_count=8, deadline=None,
                                         suppress_health_check=list(HealthCheck))
