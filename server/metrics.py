@@ -178,6 +178,17 @@ class Metrics:
             if s.get("hicache"):  # --enable-hierarchical-cache (docs/hicache.md)
                 for key, kind, help_ in HICACHE_METRICS:
                     metric(key, kind, help_, [("", {}, s.get(key, 0))])
+            if "swa_total_slots" in s:  # the sliding-window layers' own KV pool (docs/gemma3.md)
+                swa_total = s["swa_total_slots"] or 1
+                swa_used = s["swa_total_slots"] - s.get("swa_free_slots", 0) - s.get("swa_evictable_slots", 0)
+                metric("swa_num_used_tokens", "gauge", "Sliding-window KV slots held by running requests.",
+                       [("", {}, swa_used)])
+                metric("swa_token_usage", "gauge", "Fraction of sliding-window KV slots held by running requests.",
+                       [("", {}, swa_used / swa_total)])
+                metric("swa_evictable_tokens", "gauge", "Sliding-window KV slots of the prefix cache (tombstonable).",
+                       [("", {}, s.get("swa_evictable_slots", 0))])
+                metric("swa_max_total_num_tokens", "gauge", "Slots of the sliding-window KV pool.",
+                       [("", {}, s["swa_total_slots"])])
             if "compiled_buckets" in s:  # CPU decode graphs (--compile-mode background/sync)
                 metric("compiled_decode_buckets", "gauge", "Decode batch-size buckets running compiled graphs.",
                        [("", {}, len(s["compiled_buckets"]))])

@@ -62,6 +62,11 @@ def test_metrics_text_format_and_cumulative_buckets():
     assert 'radixgen:generation_tokens_total{model_name="smol"} 5' in text
     assert 'radixgen:num_stall_steps_total{model_name="smol",reason="retraction"} 3' in text
     assert m.render("sglang:", "smol", None).count("sglang:num_queue_reqs{") == 1
+    assert "swa_" not in text  # no sliding-window pool: no family
+    swa = m.render("radixgen", "g", {"max_total_num_tokens": 100, "swa_total_slots": 80, "swa_free_slots": 50,
+                                     "swa_evictable_slots": 10})
+    assert 'radixgen:swa_num_used_tokens{model_name="g"} 20' in swa
+    assert 'radixgen:swa_token_usage{model_name="g"} 0.25' in swa
 
 
 def test_streamed_text_holds_back_a_possible_stop_string_start():

@@ -92,3 +92,13 @@ def test_sliding_pool_use_per_request_stays_flat_past_the_window(runners):
     # 38 positions computed; the sliding pool holds the window plus the token of the step
     assert max(used) <= GEMMA3_WINDOW + 8, used  # the 8-token prompt before decoding trims it
     assert max(used[10:]) <= GEMMA3_WINDOW + 1, used
+
+
+@pytest.mark.parametrize("flag", [{"enable_hierarchical_cache": True}, {"page_size": 4},
+                                  {"speculative_algorithm": "ngram"}])
+def test_unsupported_combinations_are_refused_in_one_line(runners, flag):
+    path = runners[0].model_path
+    with pytest.raises(ValueError, match="sliding-window KV pool.*--disable-hybrid-swa-memory") as e:
+        _runner(path, **flag)
+    assert "\n" not in str(e.value)
+    assert not isinstance(_runner(path, disable_hybrid_swa_memory=True, **flag).allocator, SWASlotAllocator)
