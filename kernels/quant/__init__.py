@@ -26,6 +26,7 @@ from kernels.quant import gguf_blocks, rtn
 from kernels.quant.cpu_blocks import Q4BlockWeight, Q8BlockWeight, set_cpu_kernel, use_native
 from kernels.quant.w8a8 import W8A8Weight, wrap_linears
 from kernels.quant.weights import (
+    CPU_ACT,
     Fp8Weight,
     Int4Weight,
     Int8Weight,
@@ -114,13 +115,16 @@ def from_gguf(blocks: gguf_blocks.Blocks) -> QTensor:
     return QTensor("int4", *gguf_blocks.group_affine(blocks), origin=blocks.kind)
 
 
-def to_kernel(q: QTensor, device: torch.device | str) -> QuantWeight:
+def to_kernel(q: QTensor, device: torch.device | str, exact: bool = False) -> QuantWeight:
     """Pack a QTensor into the device's kernel layout. On CPU: kernels/quant/cpu_blocks.py's block layouts where
     the native kernels run (set_cpu_kernel), codes kept exactly; else torch's, where an int8 weight with group
     scales (GGUF Q8_0) is re-rounded to one scale per output channel (torch's CPU int8 kernel has no groups):
-    codes change by at most half a per-channel step."""
+    codes change by at most half a per-channel step. `exact` (the tied 262k-vocabulary Gemma head, whose rows
+    mix blocks of very different scales: re-rounding moves its logits by 4e-2 relative) keeps group scales: the
+    native q8 kernel wherever it runs (auto on AVX-512 included), else torch's int8 kernel on two per-channel
+    terms, the re-rounded codes and the codes of what they miss (two calls; values within 1/200 of a step)."""
     cpu = torch.device(device).type == "cpu"
-    if cpu and q.kind in ("int4", "int8") and use_native(q.shape[1], q.group, q.kind):
+    if cpu and q.kind in ("int4", "int8") and use_native(q.shape[1], q.group, q.kind, exact and q.kind == "int8"):
         if q.kind == "int4":
             assert q.zero is not None  # every int4 QTensor has zero points
             return Q4BlockWeight(q.codes, q.scale, q.zero)
@@ -130,7 +134,10 @@ def to_kernel(q: QTensor, device: torch.device | str) -> QuantWeight:
         return Int4Weight(q.codes, q.scale, q.zero, device)
     if q.kind == "int8":
         if torch.device(device).type != "cuda" and q.group != q.shape[1]:
-            return Int8Weight(*rtn.quantize_int8(q.dequantize()), device)
+            w = q.dequantize()
+            codes, scale = rtn.quantize_int8(w)
+            rest = rtn.quantize_int8(w - rtn.dequantize_scaled(codes, scale.to(CPU_ACT).float())) if exact else None
+            return Int8Weight(codes, scale, device, rest=rest)
         return Int8Weight(q.codes, q.scale, device)
     if q.kind == "fp8":
         return Fp8Weight(q.codes, q.scale, device)

@@ -67,13 +67,14 @@ def missing_isa() -> str:
     return ", ".join(sorted({"avx2", "fma", "f16c"} - set(cpu_build.cpu_flags().split())))
 
 
-def use_native(k: int, group: int, kind: str = "int4") -> bool:
+def use_native(k: int, group: int, kind: str = "int4", exact: bool = False) -> bool:
     """Whether a CPU weight of `kind` ("int4" or "int8") with K inputs and scale groups of `group` is packed in
     these block layouts. Auto on AVX-512: the 4-bit blocks only (the AVX-512 q4 GEMV beats torch's int4 at one
-    row, 1.40x a layer; the q8 GEMV did not beat torch's int8 there: bench/results/cpu_kernels-avx512.md)."""
+    row, 1.40x a layer; the q8 GEMV did not beat torch's int8 there: bench/results/cpu_kernels-avx512.md),
+    unless `exact` asks for an 8-bit weight's block scales to be kept (torch's int8 kernel would re-round them)."""
     if _kernel == "torch" or k % QK or group % QK:
         return False
-    if _kernel == "auto" and "avx512f" in cpu_build.cpu_flags().split() and kind != "int4":
+    if _kernel == "auto" and "avx512f" in cpu_build.cpu_flags().split() and kind != "int4" and not exact:
         return False
     if not native_available():
         if not missing_isa():  # the CPU has the ISA: the build or load failed, so torch's kernels run instead

@@ -51,6 +51,9 @@ class QuantWeight(nn.Module):
     in_features: int
     dense: torch.Tensor | None
     dense_min_rows: int = CPU_DENSE_MIN_ROWS
+    # False: never a dense copy (keep_dense_copies) nor a dequantization of the whole weight per call; the
+    # quantized kernel at every row count (the tied 262k-vocabulary head: a float32 copy would be 671 MB).
+    dense_copies: bool = True
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight dequantized to `dtype` [N, K] (CPU layout; the arithmetic runs in `dtype`)."""
@@ -59,7 +62,7 @@ class QuantWeight(nn.Module):
     def _dense_mm(self, x: torch.Tensor) -> torch.Tensor | None:
         """x [M, K] @ W^T as one dense GEMM from `dense_min_rows` rows on: on the kept copy (in its dtype), else
         on a dequantization for this call in x's dtype (float32 or bfloat16); None below (the quantized kernel)."""
-        if x.shape[0] < self.dense_min_rows:
+        if x.shape[0] < self.dense_min_rows or not self.dense_copies:
             return None
         w = self.dense
         if w is None:
@@ -163,13 +166,17 @@ class Int4Weight(QuantWeight):
 
 
 class Int8Weight(QuantWeight):
-    """int8 codes times group scales: w = q * scale. On CPU only per-channel scales (G = K) are supported."""
+    """int8 codes times group scales: w = q * scale. On CPU only per-channel scales (G = K) are supported, and
+    optionally a second per-channel term `rest` (codes2, scale2): w = q * scale + q2 * scale2, two kernel calls
+    (a GGUF Q8_0 weight whose block scales must survive torch's per-channel kernel: kernels.quant.to_kernel)."""
 
     codes: torch.Tensor  # buffers (register_buffer)
     scale: torch.Tensor
+    codes2: torch.Tensor | None
+    scale2: torch.Tensor | None
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, device: torch.device | str,
-                 triton: bool | None = None):
+                 triton: bool | None = None, rest: tuple[torch.Tensor, torch.Tensor] | None = None):
         super().__init__()
         n, k = codes.shape
         self.out_features, self.in_features = n, k
@@ -180,16 +187,26 @@ class Int8Weight(QuantWeight):
         self.register_buffer("codes", codes.to(torch.int8).contiguous().to(device))  # [N, K]
         dtype = torch.float32 if self.cuda_layout else CPU_ACT
         self.register_buffer("scale", scale.to(dtype).contiguous().to(device))  # [N, K / G]
+        if rest is not None and self.cuda_layout:
+            raise ValueError("a second int8 term is for CPU's per-channel kernel only")
+        self.register_buffer("codes2", None if rest is None else rest[0].to(torch.int8).contiguous().to(device))
+        self.register_buffer("scale2", None if rest is None else rest[1].to(dtype).contiguous().to(device))
         self.register_buffer("dense", None)
 
     def dequantize(self) -> torch.Tensor:
-        return rtn.dequantize_scaled(self.codes.cpu(), self.scale.float().cpu())
+        w = rtn.dequantize_scaled(self.codes.cpu(), self.scale.float().cpu())
+        if self.codes2 is not None and self.scale2 is not None:
+            w = w + rtn.dequantize_scaled(self.codes2.cpu(), self.scale2.float().cpu())
+        return w
 
     def takes_dense_copy(self) -> bool:
         return not self.cuda_layout
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
-        return self.codes.to(dtype) * self.scale.to(dtype)
+        w = self.codes.to(dtype) * self.scale.to(dtype)
+        if self.codes2 is not None and self.scale2 is not None:
+            w = w + self.codes2.to(dtype) * self.scale2.to(dtype)
+        return w
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         if self.cuda_layout:
@@ -199,7 +216,11 @@ class Int8Weight(QuantWeight):
         y = self._dense_mm(x)
         if y is not None:
             return y
-        return torch._weight_int8pack_mm(x.to(CPU_ACT), self.codes, self.scale[:, 0]).to(x.dtype)
+        xa = x.to(CPU_ACT)
+        y = torch._weight_int8pack_mm(xa, self.codes, self.scale[:, 0])
+        if self.codes2 is not None and self.scale2 is not None:
+            y = y.float() + torch._weight_int8pack_mm(xa, self.codes2, self.scale2[:, 0]).float()
+        return y.to(x.dtype)
 
 
 class Fp8Weight(QuantWeight):
@@ -241,7 +262,7 @@ def keep_dense_copies(model: nn.Module, min_rows: int, dtype: torch.dtype = torc
         cpu_ops.load()
     added = 0
     for m in model.modules():
-        if isinstance(m, QuantWeight) and m.takes_dense_copy():  # else the quantized kernel at every batch size
+        if isinstance(m, QuantWeight) and m.takes_dense_copy() and m.dense_copies:  # else the quantized kernel
             m.dense = m.dense_weight(dtype).contiguous()
             if panels and m.out_features % cpu_ops.PANEL == 0:
                 m.dense = cpu_ops.pack_panels(m.dense)  # [N / 16, K, 16]: linear_panels beats MKL here

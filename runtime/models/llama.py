@@ -176,6 +176,10 @@ class LlamaForCausalLM(nn.Module):
         if head is None:  # tied: the embedding is dense (a quantized one comes with its head)
             assert isinstance(self.embed, torch.Tensor)
             self.lm_head = self.embed
+        elif isinstance(head, quant.QTensor):  # kept block scales; bench/results/lm_head.md measures the choice
+            self.lm_head = quant.to_kernel(head, dev, exact=True)
+            if isinstance(self.lm_head, quant.Q8BlockWeight):  # the q8 GEMV keeps pace with a float32 copy
+                self.lm_head.dense_copies = False
         else:
             self.lm_head = _frozen(head, dev)
         self.layers = nn.ModuleList(LlamaLayer(w, i, arch, dev) for i in range(arch.num_layers))

@@ -209,19 +209,51 @@ def target_probs(processed: torch.Tensor, info: SamplingInfo, rows: list[int]) -
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
+# Every sampled row with top_k <= this: the sampler works on each row's top-k candidates only (CPU).
+CANDIDATE_MAX_K = 256
+
+
+def _candidates(logits: torch.Tensor, info: SamplingInfo, rows: list[int],
+                idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The rows' top-k candidates as (probs [R, C], token ids [R, C]) in vocabulary order, after temperature,
+    top-k, top-p and min-p: the same kept set and relative weights as `_filtered_probs` (so the same draw,
+    up to float rounding), at the cost of one topk pass over V and work on C = kmax + 1 values. None when
+    a row samples without top-k or above CANDIDATE_MAX_K, on CUDA (whose sort path never syncs), or when a
+    row's tie group at its k-th value runs past the candidates (the full path keeps every tied token)."""
+    ks = [info.top_k_list[b] for b in rows]
+    if logits.is_cuda or max(ks) > CANDIDATE_MAX_K or max(ks) >= logits.shape[-1]:
+        return None
+    kmax = max(ks)
+    vals, ids = torch.topk(logits[idx], kmax + 1, dim=-1)  # [R, C] descending (the logits' order is the probs')
+    thr = vals.gather(-1, (info.top_ks[idx] - 1)[:, None])  # [R, 1] each row's k-th value
+    if bool((vals[:, kmax:] >= thr).any()):  # a tie at the k-th value continues past the candidates
+        return None
+    x = (vals / info.temperatures[idx, None]).masked_fill_(vals < thr, float("-inf"))
+    probs = torch.softmax(x, dim=-1)  # [R, C], descending; cut tokens are 0
+    if info.need_top_p:
+        use = [i for i, b in enumerate(rows) if info.top_p_list[b] < 1.0]
+        top_ps = info.top_ps[idx]
+        probs = _cut_rows(probs, use, lambda sub, sel: _sort_threshold(sub, top_ps[sel] * sub.sum(dim=-1)))
+    if info.need_min_p:
+        probs.masked_fill_(probs < info.min_ps[idx, None] * probs.amax(dim=-1, keepdim=True), 0.0)
+    order = ids.argsort(dim=-1)  # vocabulary order, so the inverse CDF below picks what the full path would
+    return probs.gather(-1, order), ids.gather(-1, order)
+
+
 def sample_processed(processed: torch.Tensor, info: SamplingInfo, need_logprobs: bool = False) -> SampleOutput:
     """Sample from already processed logits [B, V] (the output of `process_logits`)."""
     next_ids = greedy_ids(processed)
     if not info.is_all_greedy:
         rows = [b for b, g in enumerate(info.greedy_rows) if not g]
         idx = to_device(rows, torch.int64, processed.device)
-        probs = _filtered_probs(processed.float(), info, rows, idx)
+        cand = _candidates(processed.float(), info, rows, idx) if info.need_top_k else None
+        probs, ids = cand if cand is not None else (_filtered_probs(processed.float(), info, rows, idx), None)
         # inverse CDF in vocabulary order: the first token whose cumulative mass exceeds u * total.
         # A zero-probability token never is the first (its cdf equals its predecessor's).
         cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)
         target = _uniforms(info, rows, processed.device) * cdf[:, -1:]
-        choice = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-        next_ids[idx] = choice.clamp_max_(probs.shape[-1] - 1)
+        choice = torch.searchsorted(cdf, target, right=True).clamp_max_(probs.shape[-1] - 1)
+        next_ids[idx] = (choice if ids is None else ids.gather(-1, choice)).squeeze(-1)
     if not need_logprobs:
         return SampleOutput(next_ids, None)
     logprobs = compute_logprobs(processed).gather(-1, next_ids[:, None]).squeeze(-1)

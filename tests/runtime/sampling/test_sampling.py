@@ -279,3 +279,39 @@ def test_top_k_ties_keep_all_tied():
 
     th = _radix_threshold(probs, None, torch.tensor([3.0]))  # 4th largest is tied 0.1: both kept
     assert (probs[0] >= th[0]).tolist()[:5] == [True, True, True, True, True]
+
+
+@pytest.mark.parametrize("params", [
+    [SP(temperature=0.8, top_k=40)] * 3,
+    [SP(temperature=1.3, top_k=200, top_p=0.7), SP(temperature=0.6, top_k=5, min_p=0.05), SP(temperature=0.0)],
+    [SP(temperature=1.0, top_k=256, top_p=0.9, min_p=0.01)] * 2,
+], ids=["top_k", "mixed_k", "k_max"])
+def test_top_k_candidates_draw_what_the_full_vocabulary_draws(params, monkeypatch):
+    """Rows with top_k <= 256 sample from their top-k candidates only (one topk pass over V): the same token
+    as the full-vocabulary path, seed for seed, over a 50k vocabulary."""
+    from runtime.sampling import sampler
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(len(params), 50_000, generator=g) * 3
+    got, want = [], []
+    for step in range(40):
+        info = build(params, steps=[step] * len(params), vocab=logits.shape[1])
+        assert sampler._candidates(logits, info, [0], torch.tensor([0])) is not None
+        got.append(sample(logits, info).next_ids.tolist())
+        monkeypatch.setattr(sampler, "CANDIDATE_MAX_K", 0)
+        want.append(sample(logits, info).next_ids.tolist())
+        monkeypatch.setattr(sampler, "CANDIDATE_MAX_K", 256)
+    assert got == want
+    assert len({ids[0] for ids in got}) > 3  # it really sampled
+
+
+def test_top_k_candidates_fall_back_on_ties_past_the_cut():
+    """A tie group at the k-th value running past the candidates: the full path, which keeps every tied token."""
+    from runtime.sampling import sampler
+
+    logits = torch.zeros(1, 1000)
+    logits[0, :3] = 5.0
+    info = build([SP(temperature=1.0, top_k=2)], vocab=1000)
+    assert sampler._candidates(logits, info, [0], torch.tensor([0])) is None
+    assert {int(sample(logits, build([SP(temperature=1.0, top_k=2)], steps=[s], vocab=1000)).next_ids[0])
+            for s in range(40)} == {0, 1, 2}
