@@ -12,8 +12,9 @@ and the relative error max|y - y_exact| / max|y_exact| against float32 x @ W^T o
   int8_torch_2  the same kernel on two per-row terms (codes and the codes of their remainder): block scales
                 kept (--quantization-kernel torch)
   w8a8_int_mm   torch._int_mm on per-row codes with x quantized per token (kernels/quant/w8a8.py)
-Sampling: the whole sampler (`sample`) on [M, V] random logits, per filter setting, with the top-k candidate
-path (after) and with it off (before: softmax, thresholds and inverse CDF over the whole vocabulary).
+Sampling: the whole sampler (`sample`) on [M, V] random logits (flat, and peaked as a language model's), per
+filter setting, with the candidate path (after: top-k rows, and top-p rows whose nucleus lies in the top 256)
+and with it off (before: softmax, thresholds and inverse CDF over the whole vocabulary).
 """
 
 from __future__ import annotations
@@ -106,26 +107,38 @@ SETTINGS = {"top_k=50": {"top_k": 50}, "top_k=50 top_p=0.9": {"top_k": 50, "top_
             "top_k=1000": {"top_k": 1000}}
 
 
+def _logits(m: int, vocab: int, shape: str, g: torch.Generator) -> torch.Tensor:
+    """flat: N(0, 3^2) (no nucleus fits in 256 tokens); peaked: N(0, 2^2) plus 30 tokens raised by 9..15, most
+    of the mass on a few dozen tokens, as a language model's next-token distribution usually is."""
+    x = torch.randn(m, vocab, generator=g) * (3 if shape == "flat" else 2)
+    if shape == "peaked":
+        for r in range(m):
+            x[r, torch.randperm(vocab, generator=g)[:30]] += torch.linspace(9, 15, 30)
+    return x
+
+
 def bench_sampling(vocab: int, rows: list[int], reps: int) -> None:
     from runtime.sampling import SamplingInfo, sample, sampler
     from runtime.sampling.params import SamplingParams
 
     g = torch.Generator().manual_seed(1)
-    print(f"\nsample() over [rows, {vocab}] logits N(0, 3^2), temperature 0.8")
-    print("| rows | filters | before: full vocabulary, ms | after: top-k candidates, ms |")
-    print("|---:|---|---:|---:|")
+    print(f"\nsample() over [rows, {vocab}] logits, temperature 0.8")
+    print("| rows | logits | filters | before: full vocabulary, ms | after: candidates, ms |")
+    print("|---:|---|---|---:|---:|")
     for m in rows:
-        logits = torch.randn(m, vocab, generator=g) * 3
-        for name, kw in SETTINGS.items():
-            params = [SamplingParams(temperature=0.8, **kw)] * m
-            info = SamplingInfo.build(params, [[] for _ in range(m)], [0] * m, vocab, [[] for _ in range(m)],
-                                      default_seed=0)
-            times = {}
-            for label, cap in (("before", 0), ("after", sampler.CANDIDATE_MAX_K)):
-                keep, sampler.CANDIDATE_MAX_K = sampler.CANDIDATE_MAX_K, cap
-                times[label], _ = _time(lambda info=info, lg=logits: sample(lg, info).next_ids, reps)
-                sampler.CANDIDATE_MAX_K = keep
-            print(f"| {m} | {name} | {times['before'] * 1e3:.2f} | {times['after'] * 1e3:.2f} |", flush=True)
+        for shape in ("flat", "peaked"):
+            logits = _logits(m, vocab, shape, g)
+            for name, kw in SETTINGS.items():
+                params = [SamplingParams(temperature=0.8, **kw)] * m
+                info = SamplingInfo.build(params, [[] for _ in range(m)], [0] * m, vocab,
+                                          [[] for _ in range(m)], default_seed=0)
+                times = {}
+                for label, cap in (("before", 0), ("after", sampler.CANDIDATE_MAX_K)):
+                    keep, sampler.CANDIDATE_MAX_K = sampler.CANDIDATE_MAX_K, cap
+                    times[label], _ = _time(lambda info=info, lg=logits: sample(lg, info).next_ids, reps)
+                    sampler.CANDIDATE_MAX_K = keep
+                print(f"| {m} | {shape} | {name} | {times['before'] * 1e3:.2f} | {times['after'] * 1e3:.2f} |",
+                      flush=True)
 
 
 def main() -> None:

@@ -209,31 +209,51 @@ def target_probs(processed: torch.Tensor, info: SamplingInfo, rows: list[int]) -
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
-# Every sampled row with top_k <= this: the sampler works on each row's top-k candidates only (CPU).
+# Rows with top_k <= this, or top_p < 1 and no top-k: the sampler works on each row's top candidates only (CPU).
 CANDIDATE_MAX_K = 256
 
 
 def _candidates(logits: torch.Tensor, info: SamplingInfo, rows: list[int],
                 idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The rows' top-k candidates as (probs [R, C], token ids [R, C]) in vocabulary order, after temperature,
+    """The rows' top candidates as (probs [R, C], token ids [R, C]) in vocabulary order, after temperature,
     top-k, top-p and min-p: the same kept set and relative weights as `_filtered_probs` (so the same draw,
-    up to float rounding), at the cost of one topk pass over V and work on C = kmax + 1 values. None when
-    a row samples without top-k or above CANDIDATE_MAX_K, on CUDA (whose sort path never syncs), or when a
-    row's tie group at its k-th value runs past the candidates (the full path keeps every tied token)."""
+    up to float rounding), at the cost of one topk pass over V (and a logsumexp pass for rows without top-k)
+    and work on C = kmax + 1 values (CANDIDATE_MAX_K + 1 where a row has top-p only). None (the full path) for
+    a row with neither filter or top_k > CANDIDATE_MAX_K, on CUDA (whose sort path never syncs), when a row's
+    tie group at its k-th value runs past the candidates (the full path keeps every tied token), or when a
+    top-p-only row's nucleus is not inside its candidates."""
+    V = logits.shape[-1]
     ks = [info.top_k_list[b] for b in rows]
-    if logits.is_cuda or max(ks) > CANDIDATE_MAX_K or max(ks) >= logits.shape[-1]:
+    no_k = [i for i, k in enumerate(ks) if k >= V]
+    if logits.is_cuda or any(info.top_p_list[rows[i]] >= 1.0 for i in no_k):
         return None
-    kmax = max(ks)
-    vals, ids = torch.topk(logits[idx], kmax + 1, dim=-1)  # [R, C] descending (the logits' order is the probs')
-    thr = vals.gather(-1, (info.top_ks[idx] - 1)[:, None])  # [R, 1] each row's k-th value
-    if bool((vals[:, kmax:] >= thr).any()):  # a tie at the k-th value continues past the candidates
+    kmax = max((k for k in ks if k < V), default=0)
+    c = (CANDIDATE_MAX_K if no_k else kmax) + 1
+    if kmax > CANDIDATE_MAX_K or c >= V:
         return None
-    x = (vals / info.temperatures[idx, None]).masked_fill_(vals < thr, float("-inf"))
+    lg = logits[idx]
+    vals, ids = torch.topk(lg, c, dim=-1)  # [R, C] descending (the logits' order is the probs')
+    top_ks = info.top_ks[idx]
+    has_k = (top_ks < V)[:, None]  # [R, 1]
+    thr = vals.gather(-1, (top_ks.clamp(max=c) - 1)[:, None])  # [R, 1] each top-k row's k-th value
+    if bool(((vals[:, c - 1:] >= thr) & has_k).any()):  # a tie at the k-th value continues past the candidates
+        return None
+    temps = info.temperatures[idx, None]
+    x = (vals / temps).masked_fill_((vals < thr) & has_k, float("-inf"))
     probs = torch.softmax(x, dim=-1)  # [R, C], descending; cut tokens are 0
+    mass = torch.ones(len(rows), dtype=torch.float32, device=logits.device)  # what top-p takes a share of
+    if no_k:  # top-p over the whole vocabulary: the candidates' share of the row's softmax
+        log_total = torch.logsumexp(lg / temps, dim=-1, keepdim=True)
+        probs = torch.where(has_k, probs, torch.exp(x - log_total))
+        share = probs[:, : c - 1].sum(dim=-1)
+        # the nucleus ends before the last candidate (margin: float32 sums of the full path differ slightly)
+        if bool(((share <= info.top_ps[idx] + 1e-4) & ~has_k[:, 0]).any()):
+            return None
+    mass = torch.where(has_k[:, 0], probs.sum(dim=-1), mass)
     if info.need_top_p:
         use = [i for i, b in enumerate(rows) if info.top_p_list[b] < 1.0]
         top_ps = info.top_ps[idx]
-        probs = _cut_rows(probs, use, lambda sub, sel: _sort_threshold(sub, top_ps[sel] * sub.sum(dim=-1)))
+        probs = _cut_rows(probs, use, lambda sub, sel: _sort_threshold(sub, top_ps[sel] * mass[sel]))
     if info.need_min_p:
         probs.masked_fill_(probs < info.min_ps[idx, None] * probs.amax(dim=-1, keepdim=True), 0.0)
     order = ids.argsort(dim=-1)  # vocabulary order, so the inverse CDF below picks what the full path would
@@ -246,7 +266,7 @@ def sample_processed(processed: torch.Tensor, info: SamplingInfo, need_logprobs:
     if not info.is_all_greedy:
         rows = [b for b, g in enumerate(info.greedy_rows) if not g]
         idx = to_device(rows, torch.int64, processed.device)
-        cand = _candidates(processed.float(), info, rows, idx) if info.need_top_k else None
+        cand = _candidates(processed.float(), info, rows, idx) if info.need_top_k or info.need_top_p else None
         probs, ids = cand if cand is not None else (_filtered_probs(processed.float(), info, rows, idx), None)
         # inverse CDF in vocabulary order: the first token whose cumulative mass exceeds u * total.
         # A zero-probability token never is the first (its cdf equals its predecessor's).

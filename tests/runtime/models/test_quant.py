@@ -82,8 +82,9 @@ def test_quantized_smollm_answers_paris(mode: str, kernel: str, smollm_path, smo
     err = (w.dequantize() - ref).abs().max().item()
     assert err <= (2**-8 if mode == "auto" else 2**-6) * ref.abs().max().item(), err
     # the quantized weights read by a batch-1 step; batched calls use copies in the model's dtype
-    # (--quantization-dense-rows); smollm_runner is the float32 model
-    assert runner.weights_bytes - runner.dense_copy_bytes < smollm_runner.weights_bytes / 3
+    # (--quantization-dense-rows); smollm_runner is the float32 model. Under torch's kernels the tied Q8_0 head
+    # is two int8 terms (its block scales kept: kernels.quant.to_kernel), 0.36 of the float model in all
+    assert runner.weights_bytes - runner.dense_copy_bytes < smollm_runner.weights_bytes * 0.4
     share = runner.dtype.itemsize / torch.float32.itemsize
     assert 0 < runner.dense_copy_bytes <= smollm_runner.weights_bytes * share  # at most every weight, once
     out = greedy_generate(runner, [_paris_prompt(hf_smollm)], 12, runner.eos_token_ids)[0]

@@ -285,16 +285,19 @@ def test_top_k_ties_keep_all_tied():
     [SP(temperature=0.8, top_k=40)] * 3,
     [SP(temperature=1.3, top_k=200, top_p=0.7), SP(temperature=0.6, top_k=5, min_p=0.05), SP(temperature=0.0)],
     [SP(temperature=1.0, top_k=256, top_p=0.9, min_p=0.01)] * 2,
-], ids=["top_k", "mixed_k", "k_max"])
+    [SP(temperature=0.9, top_p=0.9), SP(temperature=1.0, top_k=7, top_p=0.5), SP(temperature=0.7, top_p=0.95)],
+], ids=["top_k", "mixed_k", "k_max", "top_p"])
 def test_top_k_candidates_draw_what_the_full_vocabulary_draws(params, monkeypatch):
-    """Rows with top_k <= 256 sample from their top-k candidates only (one topk pass over V): the same token
-    as the full-vocabulary path, seed for seed, over a 50k vocabulary."""
+    """Rows with top_k <= 256 (or top_p only, whose nucleus lies in the top 256) sample from their candidates
+    only (one topk pass over V): the same token as the full-vocabulary path, seed for seed, over a 50k
+    vocabulary whose mass sits on ~30 tokens, as a language model's does."""
     from runtime.sampling import sampler
 
     g = torch.Generator().manual_seed(3)
-    logits = torch.randn(len(params), 50_000, generator=g) * 3
+    logits = torch.randn(len(params), 50_000, generator=g) * 2
+    logits[:, torch.randperm(50_000, generator=g)[:30]] += torch.linspace(9, 15, 30)
     got, want = [], []
-    for step in range(40):
+    for step in range(25):
         info = build(params, steps=[step] * len(params), vocab=logits.shape[1])
         assert sampler._candidates(logits, info, [0], torch.tensor([0])) is not None
         got.append(sample(logits, info).next_ids.tolist())
@@ -315,3 +318,12 @@ def test_top_k_candidates_fall_back_on_ties_past_the_cut():
     assert sampler._candidates(logits, info, [0], torch.tensor([0])) is None
     assert {int(sample(logits, build([SP(temperature=1.0, top_k=2)], steps=[s], vocab=1000)).next_ids[0])
             for s in range(40)} == {0, 1, 2}
+
+
+def test_top_p_candidates_fall_back_on_a_flat_row():
+    """A top-p-only row whose nucleus does not fit in 256 candidates: the full path."""
+    from runtime.sampling import sampler
+
+    logits = torch.randn(1, 5000, generator=torch.Generator().manual_seed(0)) * 0.1
+    info = build([SP(temperature=1.0, top_p=0.9)], vocab=5000)
+    assert sampler._candidates(logits, info, [0], torch.tensor([0])) is None
