@@ -1,4 +1,11 @@
-"""Shared fixtures: the default model path and one SmolLM2 model runner per test session."""
+"""Shared fixtures: the default model path, one SmolLM2 model runner per test session, and the session's real
+servers.
+
+Modules that need a real server with common flags share one per test session (`default_server`,
+`float32_server`), whichever directory they are in: a start loads the model, which costs more than most
+modules' tests. A module whose tests change the server's state for good (kill it, fill it, change its flags)
+starts its own.
+"""
 
 from __future__ import annotations
 
@@ -39,3 +46,28 @@ def hf_smollm(smollm_path):
     tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, torch_dtype=torch.float32).eval()
     return model, tok
+
+
+def _shared(*args: str):  # noqa: ANN202
+    from tests.server.harness import ServerProc
+
+    s = ServerProc(*args)
+    try:
+        yield s.wait_ready(300)
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="session")
+def default_server():
+    """The default model and flags, a small KV pool, and a generous grammar compile limit (many schemas compile
+    at once on a shared CPU; the limit itself is tested with the grammar backend)."""
+    yield from _shared("--max-total-tokens", "8192", "--grammar-compile-timeout", "120", "--log-level", "warning")
+
+
+@pytest.fixture(scope="session")
+def float32_server():
+    """As `default_server` in float32: tests that compare a cached and an uncached computation exactly (in bf16
+    a different matmul shape rounds differently)."""
+    yield from _shared("--max-total-tokens", "8192", "--grammar-compile-timeout", "120", "--log-level", "warning",
+                       "--dtype", "float32")

@@ -4,8 +4,9 @@ chunks and then decoded.
 
 Runs everywhere: on a GPU the compiled kernels, on a CPU-only machine the same kernels under TRITON_INTERPRET=1
 (set by tests/kernels/conftest.py), with fewer tokens there because the interpreter runs one program at a time
-(~0.2 s per layer call). Tokens must be identical until the first divergence, which may only fall on a float32
-near-tie (top1 - top2 logit < 1e-3); on the prompts below no divergence is expected at all.
+(~0.2 s per layer call): 2 tokens, the second from a batched decode step after the two chunked prefills. Tokens
+must be identical until the first divergence, which may only fall on a float32 near-tie (top1 - top2 logit <
+1e-3); on the prompts below no divergence is expected at all.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def test_smollm2_engine_greedy_fp32_triton_equals_torch(device: str) -> None:
         pytest.skip(f"default model not installed: {e}")
     prompts = [tok.encode(p) for p in PROMPTS]
     assert len(prompts[0]) != len(prompts[1])
-    max_new = 24 if device == "cuda" else 4
+    max_new = 24 if device == "cuda" else 2
     want, margins = engine_greedy(device, "torch", "float32", prompts, max_new)
     got, _ = engine_greedy(device, "triton", "float32", prompts, max_new)
     assert "Paris" in tok.decode(want[0]), tok.decode(want[0])

@@ -13,7 +13,6 @@ import httpx
 import pytest
 
 from tests.reliability.harness import internal, wait_idle
-from tests.server.harness import ServerProc
 
 SP = "sampling_params"
 GEN = "/generate"
@@ -100,12 +99,9 @@ NATIVE = [
 
 
 @pytest.fixture(scope="module")
-def server():
-    s = ServerProc("--max-total-tokens", "4096", "--log-level", "warning")
-    try:
-        yield s.wait_ready(300)
-    finally:
-        s.stop()
+def server(default_server):
+    """The session's default server (tests/conftest.py): nothing here changes its state."""
+    return default_server
 
 
 @pytest.fixture(scope="module")

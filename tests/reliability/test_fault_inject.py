@@ -5,17 +5,22 @@ raises while processing that request's third sampled token (a decode step, so it
 It must end with an "internal error" abort while 8 concurrent requests produce exactly the tokens they produce
 without it; then the server is healthy, nothing leaked, and the traceback is in the log.
 (The same at scheduler level with a fake runner: tests/runtime/scheduler/test_faults.py.)
+Last, SIGKILL of that real scheduler stops the whole server, exit code 1, within 5 s and leaves no process
+(with the model-free scheduler: tests/server/test_supervision.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 
 import httpx
 import pytest
 
 from tests.reliability.harness import wait_idle
-from tests.server.harness import ServerProc
+from tests.server.harness import ServerProc, alive, descendants
 
 AT_TOKEN = 3
 PROMPTS = [
@@ -78,3 +83,27 @@ def test_injected_fault_fails_only_that_request(server):
         r = c.post("/generate", json={"text": PROMPTS[0], "rid": "after", "sampling_params": SP})
         assert r.status_code == 200 and r.json()["output_ids"] == expected[0]
         wait_idle(c)
+
+
+def test_last_scheduler_sigkill_stops_server_within_5s(server):
+    """Must stay last: it ends the module's server."""
+    tree = descendants(server.proc.pid)
+    sched = [p for p in tree if _comm(p) == "rg-scheduler"]
+    assert len(sched) == 1
+    t0 = time.monotonic()
+    os.kill(sched[0], signal.SIGKILL)
+    server.proc.wait(5)
+    assert time.monotonic() - t0 < 5
+    assert server.proc.returncode == 1
+    deadline = time.monotonic() + 3
+    while any(alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in tree if alive(p)]
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""

@@ -1,6 +1,6 @@
 """Faults on one real server with a tiny KV pool: a forced retraction storm must not change any output, and
 SIGKILL of the detokenizer stops the whole tree non-zero within 5 s (the scheduler's SIGKILL is
-tests/server/test_native.py::test_last_scheduler_sigkill_stops_server_within_5s and test_supervision.py)."""
+tests/reliability/test_fault_inject.py and tests/server/test_supervision.py)."""
 
 from __future__ import annotations
 

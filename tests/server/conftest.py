@@ -1,9 +1,5 @@
-"""Fixtures for end-to-end server tests (the process helpers are in tests/server/harness.py).
-
-Modules that need a real server with common flags share one per test session (`default_server`,
-`float32_server`): a start loads the model, which costs more than most modules' tests. A module whose tests
-change the server's state for good (kill it, fill it) starts its own.
-"""
+"""Fixtures for end-to-end server tests (the process helpers are in tests/server/harness.py; the session-wide
+real servers `default_server` and `float32_server` are in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -25,26 +21,3 @@ def server_factory():
     yield make
     for s in started:
         s.stop()
-
-
-def _shared(*args: str):  # noqa: ANN202
-    s = ServerProc(*args)
-    try:
-        yield s.wait_ready(300)
-    finally:
-        s.stop()
-
-
-@pytest.fixture(scope="session")
-def default_server():
-    """The default model and flags, a small KV pool, and a generous grammar compile limit (many schemas compile
-    at once on a shared CPU; the limit itself is tested with the grammar backend)."""
-    yield from _shared("--max-total-tokens", "8192", "--grammar-compile-timeout", "120", "--log-level", "warning")
-
-
-@pytest.fixture(scope="session")
-def float32_server():
-    """As `default_server` in float32: tests that compare a cached and an uncached computation exactly (in bf16
-    a different matmul shape rounds differently)."""
-    yield from _shared("--max-total-tokens", "8192", "--grammar-compile-timeout", "120", "--log-level", "warning",
-                       "--dtype", "float32")

@@ -1,32 +1,25 @@
-"""The native API end to end on the real SmolLM2 server (one module-scoped instance on 127.0.0.1).
+"""The native API end to end on the real SmolLM2 server: the session's `default_server` (tests/conftest.py).
 
-The last test SIGKILLs that server's scheduler, so it must stay last in this file.
+(SIGKILL of a real server's scheduler: tests/reliability/test_fault_inject.py; of the model-free one:
+tests/server/test_supervision.py.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
-import signal
 import time
 
 import httpx
 import pytest
 
-from tests.server.harness import ServerProc, alive, descendants
-
-MAX_TOTAL = 8192
+MAX_TOTAL = 8192  # default_server's --max-total-tokens
 
 
 @pytest.fixture(scope="module")
-def server():
-    s = ServerProc("--max-total-tokens", str(MAX_TOTAL), "--log-level", "warning")
-    try:
-        yield s.wait_ready(300)
-    finally:
-        s.stop()
+def server(default_server):
+    return default_server
 
 
 def _internal(c: httpx.Client) -> dict:
@@ -288,27 +281,3 @@ def test_info_routes_flush_and_metrics(server):
                      "num_retracted_reqs", "gen_throughput", "num_grammar_queue_reqs"):
             assert f"sglang:{name}{{" in text, name  # SGLang's names by default
         assert 'model_name="' in text
-
-
-def test_last_scheduler_sigkill_stops_server_within_5s(server):
-    """Must stay last: it ends the module's server."""
-    tree = descendants(server.proc.pid)
-    sched = [p for p in tree if _comm(p) == "rg-scheduler"]
-    assert len(sched) == 1
-    t0 = time.monotonic()
-    os.kill(sched[0], signal.SIGKILL)
-    server.proc.wait(5)
-    assert time.monotonic() - t0 < 5
-    assert server.proc.returncode == 1
-    deadline = time.monotonic() + 3
-    while any(alive(p) for p in tree) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [p for p in tree if alive(p)]
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""

@@ -1,9 +1,10 @@
 """sglang-router (installed from PyPI) in front of radixgen workers, each its own process on 127.0.0.1.
 
-Two routers share one start-up of three workers: `fakes` fronts two model-free workers (the echo scheduler,
+Two routers: `fakes` fronts two model-free workers started for the module (the echo scheduler,
 tests/server/fake_scheduler.py) for the plumbing (routes, /get_loads, /engine_metrics, a dead worker);
-`real` fronts one SmolLM2 worker, where the answer matters (the README's JSON-schema call and prompt program,
-whose `select` the router makes go one request per choice). The router is killed by PID at the end.
+`real` fronts the session's SmolLM2 server (`default_server`), where the answer matters (the README's
+JSON-schema call and prompt program, whose `select` the router makes go one request per choice). The routers
+are killed by PID at the end.
 """
 
 from __future__ import annotations
@@ -25,16 +26,16 @@ pytest.importorskip("sglang_router")
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    workers = [ServerProc("--log-level", "warning", fake=True), ServerProc("--log-level", "warning", fake=True),
-               ServerProc("--max-total-tokens", "4096", "--log-level", "warning")]
+def cluster(default_server):
+    """The real worker is the session's `default_server` (the router only adds itself in front of it)."""
+    workers = [ServerProc("--log-level", "warning", fake=True), ServerProc("--log-level", "warning", fake=True)]
     routers: list[RouterProc] = []
     try:
         for w in workers:
             w.wait_ready()
         routers.append(RouterProc([workers[0].url, workers[1].url], health_check_interval=1,
                                   health_failure_threshold=1))
-        routers.append(RouterProc([workers[2].url]))
+        routers.append(RouterProc([default_server.url]))
         for r in routers:
             r.wait_registered()
         yield {"workers": workers, "fakes": routers[0], "real": routers[1]}
@@ -133,7 +134,7 @@ def _samples(text: str, name: str) -> dict[str, list[tuple[dict[str, str], float
 def test_get_loads_and_engine_metrics_answer_with_real_values(cluster):
     """Three long requests held by the workers: /get_loads reports each worker's /get_load tokens, and
     /engine_metrics each worker's running requests; after an abort, the finished count says 3 aborts."""
-    fakes, (w0, w1, _) = cluster["fakes"], cluster["workers"]
+    fakes, (w0, w1) = cluster["fakes"], cluster["workers"]
     body = {"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 1500}}
     results: list[int] = []
 
@@ -184,7 +185,7 @@ def test_killing_one_worker_leaves_the_other_serving(cluster):
     """Runs last: worker 1 goes down for good. Once the router's health check (every second here) marks it
     unhealthy, every request gets its answer from worker 0 (before that, the router answers the requests it
     sends to the dead worker with 500: it does not retry a refused connection elsewhere)."""
-    fakes, (_, w1, _) = cluster["fakes"], cluster["workers"]
+    fakes, (_, w1) = cluster["fakes"], cluster["workers"]
     w1.stop()
     with fakes.client() as c:
         deadline = time.monotonic() + 30
