@@ -38,14 +38,23 @@ def smollm_runner(smollm_path):
 
 
 @pytest.fixture(scope="session")
-def hf_smollm(smollm_path):
-    """transformers' own loading of the same GGUF file (float32) and its tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def hf_smollm_tokenizer(smollm_path):
+    """transformers' tokenizer of the default model's GGUF file (its GGUF conversion takes seconds: one per
+    session). Shared: a test must not change it."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(os.path.dirname(smollm_path), gguf_file=os.path.basename(smollm_path))
+
+
+@pytest.fixture(scope="session")
+def hf_smollm(smollm_path, hf_smollm_tokenizer):
+    """transformers' own loading of the same GGUF file (float32) and its tokenizer. Shared: a test must not
+    change either."""
+    from transformers import AutoModelForCausalLM
 
     d, f = os.path.dirname(smollm_path), os.path.basename(smollm_path)
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, torch_dtype=torch.float32).eval()
-    return model, tok
+    return model, hf_smollm_tokenizer
 
 
 def _shared(*args: str):  # noqa: ANN202

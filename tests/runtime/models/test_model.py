@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -131,13 +129,12 @@ def test_missing_default_model_message(monkeypatch):
         registry.default_model_path()
 
 
-def test_gguf_and_safetensors_give_same_weights(tmp_path, smollm_path):
-    """A GGUF converted to safetensors (via transformers) loads to the same logits through both loaders."""
-    from transformers import AutoModelForCausalLM
-
-    d, f = os.path.dirname(smollm_path), os.path.basename(smollm_path)
-    hf = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, torch_dtype=torch.float32)
+def test_gguf_and_safetensors_give_same_weights(tmp_path, hf_smollm):
+    """A GGUF converted to safetensors (via transformers: the session's conversion) loads to the same logits
+    through both loaders."""
     from safetensors.torch import save_file
+
+    hf, _ = hf_smollm
 
     out = tmp_path / "smollm_st"
     out.mkdir()

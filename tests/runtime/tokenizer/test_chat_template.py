@@ -60,8 +60,10 @@ def ours():
 
 
 @pytest.fixture(scope="module")
-def hf():
-    return transformers.AutoTokenizer.from_pretrained(MODEL_DIR, gguf_file=GGUF_NAME)
+def hf(smollm_path, hf_smollm_tokenizer):
+    """transformers' tokenizer of GGUF_PATH: the session's (tests/conftest.py)."""
+    assert os.path.samefile(smollm_path, GGUF_PATH)
+    return hf_smollm_tokenizer
 
 
 @needs_model
