@@ -1,6 +1,8 @@
-"""Bad inputs on /v1 (the numbered bad-input cases 1-39 that apply, shared with tests/reliability/test_bad_inputs.py) against one
-real server started with --api-key: each gets its documented status and the OpenAI error envelope, and
-afterwards /health_generate is 200 and no KV slot leaked."""
+"""Bad inputs on /v1 (the numbered bad-input cases 1-39 that apply, shared with tests/reliability/test_bad_inputs.py) against
+the session's real server (`default_server`, tests/conftest.py): each gets its documented status and the OpenAI
+error envelope, and afterwards /health_generate is 200 and no KV slot leaked. The API key (401s, the OpenAI
+client's error mapping) and a SIGTERM mid-stream on a model-free server started with --api-key (the echo
+scheduler, tests/server/fake_scheduler.py: both are the HTTP layer's)."""
 
 from __future__ import annotations
 
@@ -22,10 +24,17 @@ CHAT, COMP = "/v1/chat/completions", "/v1/completions"
 
 
 @pytest.fixture(scope="module")
-def server():
-    s = ServerProc("--max-total-tokens", "4096", "--api-key", KEY, "--log-level", "warning")
+def server(default_server):
+    """Nothing here changes its state."""
+    return default_server
+
+
+@pytest.fixture(scope="module")
+def keyed():
+    """Model-free, with --api-key; the last test ends it."""
+    s = ServerProc("--api-key", KEY, "--log-level", "warning", fake=True)
     try:
-        yield s.wait_ready(300)
+        yield s.wait_ready()
     finally:
         s.stop()
 
@@ -33,6 +42,12 @@ def server():
 @pytest.fixture(scope="module")
 def http(server):
     with httpx.Client(base_url=server.url, headers=AUTH, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def keyed_http(keyed):
+    with httpx.Client(base_url=keyed.url, headers=AUTH, timeout=120) as c:
         yield c
 
 
@@ -162,19 +177,19 @@ def test_body_over_cap_is_413(http):
     assert r.status_code == 413 and _envelope(r)["code"] == "request_too_large"
 
 
-def test_auth(server):
+def test_auth(keyed):
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
         for method, route in (("POST", CHAT), ("POST", COMP), ("GET", "/v1/models")):
-            r = httpx.request(method, server.url + route, json={"messages": M}, headers=headers, timeout=30)
+            r = httpx.request(method, keyed.url + route, json={"messages": M}, headers=headers, timeout=30)
             assert r.status_code == 401, (route, headers)
             assert _envelope(r)["code"] == "invalid_api_key"
-    bad = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0)
+    bad = openai.OpenAI(base_url=keyed.url + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
 
 
-def test_openai_client_maps_errors(server):
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+def test_openai_client_maps_errors(keyed):
+    client = openai.OpenAI(base_url=keyed.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=client.models.list().data[0].id, messages=M, temperature=5)
     assert e.value.body["param"] == "temperature"
@@ -227,18 +242,18 @@ def test_server_healthy_and_no_slot_leaked_after_all(server, http):
     assert server.proc.poll() is None
 
 
-def test_error_mid_stream_is_error_chunk_then_done(server, http):
+def test_error_mid_stream_is_error_chunk_then_done(keyed, keyed_http):
     """Runs last: SIGTERM (no drain) fails the running stream, which must end with an error chunk and [DONE]."""
     body = {"messages": M, "max_tokens": 400, "stream": True, "ignore_eos": True}
     events = []
-    with http.stream("POST", CHAT, json=body) as r:
+    with keyed_http.stream("POST", CHAT, json=body) as r:
         assert r.status_code == 200
         lines = r.iter_lines()
         for line in lines:
             if line.startswith("data: ") and "content" in line and '"content":""' not in line:
                 events.append(line)
                 break
-        server.proc.send_signal(signal.SIGTERM)
+        keyed.proc.send_signal(signal.SIGTERM)
         for line in lines:
             if line.startswith("data: "):
                 events.append(line)
