@@ -28,6 +28,14 @@ def smollm_path() -> str:
 
 
 @pytest.fixture(scope="session")
+def smollm_tokenizer(smollm_path):
+    """radixgen's tokenizer of the default model, one per session. Shared: a test must not change it."""
+    from runtime.tokenizer.load import load_tokenizer
+
+    return load_tokenizer(smollm_path)
+
+
+@pytest.fixture(scope="session")
 def smollm_runner(smollm_path):
     """A float32 SmolLM2 runner with a small KV pool (tests that need others build their own)."""
     from runtime.config import make_config

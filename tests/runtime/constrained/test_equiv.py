@@ -162,10 +162,8 @@ def test_formats_no_draft_defines_are_annotations() -> None:
 
 
 @pytest.fixture(scope="module")
-def tok(smollm_path):
-    from runtime.tokenizer.load import load_tokenizer
-
-    return load_tokenizer(smollm_path)
+def tok(smollm_tokenizer):
+    return smollm_tokenizer
 
 
 def test_llguidance_enforces_the_rewritten_forms(tok) -> None:  # noqa: ANN001

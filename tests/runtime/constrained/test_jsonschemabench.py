@@ -112,10 +112,8 @@ def run_backend(name: str, tok, entries: list[dict]) -> Tally:  # noqa: ANN001
 
 
 @pytest.fixture(scope="module")
-def tok(smollm_path):
-    from runtime.tokenizer.load import load_tokenizer
-
-    return load_tokenizer(smollm_path)
+def tok(smollm_tokenizer):
+    return smollm_tokenizer
 
 
 @pytest.mark.parametrize("name", ["llguidance", "xgrammar", "outlines"])

@@ -19,10 +19,8 @@ from tests.runtime.constrained.cases import LONG_KEYS, REGEXES, SCHEMAS
 
 
 @pytest.fixture(scope="module")
-def tok(smollm_path):
-    from runtime.tokenizer.load import load_tokenizer
-
-    return load_tokenizer(smollm_path)
+def tok(smollm_tokenizer):
+    return smollm_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -19,10 +19,8 @@ DOC = " ".join(f"Note {i}: the archive keeps record {i * 7} in drawer {i % 5}." 
 
 
 @pytest.fixture(scope="module")
-def tok(smollm_path):
-    from runtime.tokenizer.load import load_tokenizer
-
-    return load_tokenizer(smollm_path)
+def tok(smollm_tokenizer):
+    return smollm_tokenizer
 
 
 def tier(runner, path, **over) -> HiCache:

@@ -94,10 +94,8 @@ def smol_draft(smollm_runner):
 
 
 @pytest.fixture(scope="module")
-def tok(smollm_path):
-    from runtime.tokenizer.load import load_tokenizer
-
-    return load_tokenizer(smollm_path)
+def tok(smollm_tokenizer):
+    return smollm_tokenizer
 
 
 QUESTIONS = ["What is the capital of France?", "Name three colors.", "Why is the sky blue?",

@@ -23,10 +23,8 @@ CHAT = ["What is the capital of France?", "Name three colors.", "Why is the sky 
 
 
 @pytest.fixture(scope="module")
-def tok(smollm_path):
-    from runtime.tokenizer.load import load_tokenizer
-
-    return load_tokenizer(smollm_path)
+def tok(smollm_tokenizer):
+    return smollm_tokenizer
 
 
 @pytest.fixture(scope="module")
