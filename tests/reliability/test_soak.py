@@ -1,16 +1,14 @@
-"""A half-minute run of bench/soak.py: load at 70 % of measured capacity (a 5 s closed-loop measure) with client
-kills, a bad input every 5 s and one scheduler SIGKILL + restart at half time; everything served or shed cleanly,
-and no leak at the end. The long runs are the bench's own (bench/results/soak.md)."""
+"""A 1-minute run of bench/soak.py: load at 70 % of measured capacity with client kills, bad inputs and one
+scheduler SIGKILL + restart; everything served or shed cleanly, and no leak at the end."""
 
 from __future__ import annotations
 
 from bench.soak import main
 
 
-def test_half_minute_soak(tmp_path):
+def test_one_minute_soak(tmp_path):
     out = tmp_path / "soak.md"
-    res = main(["--minutes", "0.5", "--capacity-seconds", "5", "--bad-every", "5", "--max-new", "8",
-                "--out", str(out), "--label", "test run"])
+    res = main(["--minutes", "1", "--max-new", "8", "--out", str(out), "--label", "test run"])
     assert res["served"] >= 10, res
     assert res["leak_ok"], res["state"]
     assert res["restart_ok"], res
