@@ -3,16 +3,20 @@
 gguf.GGUFReader parses every metadata field eagerly, one numpy view per array element: SmolLM2's 49,152-token
 vocabulary and its merges take about 2.5 s on a 2-core EPYC, and the weight loader, the EOS and architecture
 lookups and the tokenizer (in the server, scheduler and detokenizer processes) each read the file. So:
-- `reader(path)`: the GGUFReader (tensors and all), parsed once per process (the weight loader);
+- `reader(path)`: the GGUFReader (tensors and all), parsed once per process (tools and tests);
 - `metadata(path)`: the key/value header only, as GGUFReader's `field.contents()` gives it, parsed by this
-  module with bulk reads (~0.1 s; tests/runtime/test_gguf_file.py checks it equals GGUFReader's).
+  module with bulk reads (~0.1 s; tests/runtime/test_gguf_file.py checks it equals GGUFReader's);
+- `tensors(path)`: the tensor infos that follow the metadata with views of the mapped data, as GGUFReader's
+  `tensors` (the weight loader's path; the same test checks names, types, shapes and bytes).
 Both are cached while the file is unchanged (same size and mtime). The reader memory-maps the file: keeping it
 keeps the pages the loader touched mapped (file-backed, reclaimable), and saves the parse when a process builds
 several runners of one model (the test suite does).
 
 Metadata layout (GGUF v2/v3, little-endian): magic "GGUF", u32 version, u64 tensor count, u64 key count, then per
 key: string key, u32 value type, value. Strings are u64 length + UTF-8 bytes; an array is u32 element type,
-u64 count, then the elements.
+u64 count, then the elements. Then per tensor: string name, u32 n_dims, u64 dims[n_dims] (fastest first), u32
+type, u64 offset; the tensor data starts at the next multiple of `general.alignment` (default 32), offsets
+relative to it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import functools
 import os
 import struct
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -98,18 +102,74 @@ class _Cursor:
         return self.scalar(vtype)
 
 
+class Tensor(NamedTuple):
+    """One tensor of the file, as gguf.GGUFReader's ReaderTensor gives it."""
+
+    name: str
+    tensor_type: Any  # gguf.GGMLQuantizationType
+    shape: tuple[int, ...]  # GGUF order: the fastest-varying dimension first
+    data: np.ndarray  # a read-only view of the mapped file: float types as such, block types as uint8 rows
+
+
+def tensors(path: str) -> list[Tensor]:
+    """The file's tensors (names, types, shapes, mapped data), as gguf.GGUFReader(path).tensors, from one
+    bulk read of the header: the weight loader's path (~0.1 s where GGUFReader takes seconds)."""
+    st = os.stat(path)
+    return _tensors(os.path.realpath(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _tensors(path: str, size: int, mtime_ns: int) -> list[Tensor]:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import quant_shape_to_byte_shape
+
+    _, infos, data_offset = _read_header(path, size, mtime_ns)
+    mapped = np.memmap(path, mode="r")
+    out: list[Tensor] = []
+    for name, dims, raw_type, offset in infos:
+        kind = GGMLQuantizationType(raw_type)
+        n = int(np.prod(dims)) if dims else 1
+        start = data_offset + offset
+        item = _PLAIN.get(kind.name)
+        np_dims = tuple(reversed(dims))
+        if item is None:  # a block type: bytes, rows of blocks
+            block, type_size = GGML_QUANT_SIZES[kind]
+            nbytes = n * type_size // block
+            view = mapped[start : start + nbytes]
+            np_dims = quant_shape_to_byte_shape(np_dims, kind)
+        else:
+            nbytes = n * np.dtype(item).itemsize
+            view = mapped[start : start + nbytes].view(item)
+        if start + nbytes > size:
+            raise ValueError(f"{path}: tensor {name} runs past the end of the file")
+        out.append(Tensor(name, kind, dims, view.reshape(np_dims)))
+    return out
+
+
+_PLAIN = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I8": np.int8, "I16": np.int16,
+          "I32": np.int32, "I64": np.int64}
+_DEFAULT_ALIGNMENT = 32
+
+
 @functools.lru_cache(maxsize=4)
 def _read_metadata(path: str, size: int, mtime_ns: int) -> dict[str, Any]:
+    return _read_header(path, size, mtime_ns)[0]
+
+
+@functools.lru_cache(maxsize=4)
+def _read_header(path: str, size: int, mtime_ns: int
+                 ) -> tuple[dict[str, Any], list[tuple[str, tuple[int, ...], int, int]], int]:
+    """(metadata, tensor infos (name, dims in GGUF order, type, offset), offset of the tensor data)."""
     with open(path, "rb") as f:
         head = f.read(24)
         if head[:4] != b"GGUF":
             raise ValueError(f"{path}: not a GGUF file")
-        version, _, n_kv = struct.unpack_from("<IQQ", head, 4)
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", head, 4)
         if version not in (2, 3):
             raise ValueError(f"{path}: GGUF version {version} (2 or 3 supported)")
         chunk = 1 << 22
         data = bytearray(head)
-        while True:  # the header is at the front: read until every key parses
+        while True:  # the header is at the front: read until every key and tensor info parses
             more = f.read(chunk)
             data += more
             cur = _Cursor(memoryview(bytes(data)))
@@ -122,8 +182,21 @@ def _read_metadata(path: str, size: int, mtime_ns: int) -> dict[str, Any]:
                     (vtype,) = struct.unpack_from("<I", cur.buf, cur.pos)
                     cur.pos += 4
                     out[key] = cur.value(vtype)
-                return out
+                infos = []
+                for _ in range(n_tensors):
+                    name = cur.string()
+                    cur.need(4)
+                    (n_dims,) = struct.unpack_from("<I", cur.buf, cur.pos)
+                    cur.need(4 + 8 * n_dims + 12)
+                    dims = struct.unpack_from(f"<{n_dims}Q", cur.buf, cur.pos + 4)
+                    raw_type, offset = struct.unpack_from("<IQ", cur.buf, cur.pos + 4 + 8 * n_dims)
+                    cur.pos += 4 + 8 * n_dims + 12
+                    infos.append((name, tuple(int(d) for d in dims), int(raw_type), int(offset)))
+                align = int(out.get("general.alignment", _DEFAULT_ALIGNMENT))
+                if align <= 0 or align & (align - 1):
+                    raise ValueError(f"{path}: GGUF alignment {align} is not a power of two")
+                return out, infos, -(-cur.pos // align) * align
             except _Short:
                 if not more:
-                    raise ValueError(f"{path}: truncated GGUF metadata") from None
+                    raise ValueError(f"{path}: truncated GGUF header") from None
                 chunk *= 2

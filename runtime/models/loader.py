@@ -17,7 +17,7 @@ import logging
 import os
 import re
 from collections.abc import Iterator
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -68,19 +68,18 @@ def _cast(name: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------- GGUF
-def gguf_arch(reader) -> ModelArch:
-    f = reader.fields
+def gguf_arch(meta: dict[str, Any], names: set[str]) -> ModelArch:
+    """The architecture from a GGUF's metadata (runtime/gguf_file.py `metadata`) and its tensor names."""
 
     def get(key: str, default=None):
-        return f[key].contents() if key in f else default
+        return meta.get(key, default)
 
     arch = get("general.architecture")
     if arch not in ("llama", "qwen2", "qwen3", "gemma3"):
         raise ValueError(f"unsupported GGUF architecture {arch!r} (llama, qwen2, qwen3, gemma3)")
     heads = get(f"{arch}.attention.head_count")
     hidden = get(f"{arch}.embedding_length")
-    names = {t.name for t in reader.tensors}
-    vocab = get(f"{arch}.vocab_size") or len(f["tokenizer.ggml.tokens"].data)
+    vocab = get(f"{arch}.vocab_size") or len(meta["tokenizer.ggml.tokens"])
     scaling = None
     if get(f"{arch}.rope.scaling.type") not in (None, "none"):
         scaling = {"rope_type": get(f"{arch}.rope.scaling.type"), "factor": get(f"{arch}.rope.scaling.factor", 1.0)}
@@ -144,11 +143,11 @@ def _load_gguf(
 ) -> tuple[ModelArch, dict[str, Weight]]:
     import gguf
 
-    reader = gguf_file.reader(path)
-    arch = gguf_arch(reader)
+    tensors = gguf_file.tensors(path)
+    arch = gguf_arch(gguf_file.metadata(path), {t.name for t in tensors})
     weights: dict[str, Weight] = {}
     dense: dict[str, int] = {}  # GGUF block types of quantizable tensors the mode could not keep: dequantized
-    for t in tqdm(reader.tensors, desc="Loading GGUF", disable=not progress, unit="tensor"):
+    for t in tqdm(tensors, desc="Loading GGUF", disable=not progress, unit="tensor"):
         name = gguf_to_hf_name(t.name, arch.arch)
         if name is None:
             continue

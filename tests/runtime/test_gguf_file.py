@@ -56,3 +56,30 @@ def test_not_a_gguf_file_is_refused(tmp_path) -> None:
     p.write_bytes(b"NOPE" + bytes(40))
     with pytest.raises(ValueError, match="not a GGUF"):
         gguf_file.metadata(str(p))
+
+
+def test_tensors_equal_ggufreader_tensors(smollm_path) -> None:
+    ref = gguf.GGUFReader(smollm_path).tensors
+    mine = gguf_file.tensors(smollm_path)
+    assert [t.name for t in mine] == [t.name for t in ref] and len(mine) == 272
+    for a, b in zip(mine, ref, strict=True):
+        assert a.tensor_type == b.tensor_type and list(a.shape) == b.shape.tolist(), a.name
+        assert a.data.dtype == b.data.dtype and a.data.shape == b.data.shape, a.name
+        assert np.array_equal(a.data, b.data), a.name
+    assert not mine[0].data.flags.writeable
+
+
+def test_tensor_past_the_end_is_refused(tmp_path) -> None:
+    w = gguf.GGUFWriter(str(tmp_path / "a.gguf"), "llama")
+    w.add_tensor("t", np.arange(64, dtype=np.float32).reshape(2, 32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    path = str(tmp_path / "a.gguf")
+    (t,) = gguf_file.tensors(path)
+    assert t.data.tolist() == np.arange(64, dtype=np.float32).reshape(2, 32).tolist() and t.shape == (32, 2)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 8)
+    with pytest.raises(ValueError, match="past the end"):
+        gguf_file.tensors(path)
