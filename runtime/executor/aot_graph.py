@@ -4,8 +4,10 @@ artifact cache (runtime/executor/artifact_cache.py) and loaded by any later proc
 A package holds one bucket's whole decode forward `forward(ids[B], pos[B], logit_idx[B]) -> logits[B, V]` with
 the weights embedded as constants (inductor freezing: linears prepacked), attention as the opaque custom op
 `radixgen_rt::attention(..., backend_id)` (runtime/models/attn_op.py; the loading process registers its
-backend at the same index, so the op resolves to that process's backend over its own KV pool). Loading takes
-~0.2 s and no compiler; replay passes the runner's static buffers, as the JIT graphs do.
+backend at the same index, so the op resolves to that process's backend over its own KV pool). The cache keeps
+only the package's shared library (`graph.so`, the generated code with the constants in its data section): a
+later process verifies it and loads it in place (`AOTIModelContainerRunnerCpu`), with no compiler and no copy
+of the package unpacked per start. Replay passes the runner's static buffers, as the JIT graphs do.
 
 The cache key names everything the generated code depends on: the model file's identity, dtype, quantization
 and its kernel, KV dtype, attention backend and its registry index, this package's own source hash, the torch
@@ -24,14 +26,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from runtime.executor.cuda_graph import Forward
+from runtime.executor import graph_package
 
 if TYPE_CHECKING:
     from runtime.executor.cuda_graph import DecodeGraphRunner
 
-# Source trees whose code ends up in (or decides) a decode graph.
+# Source trees whose code ends up in (or decides) a decode graph, less the files that only find, store and load
+# the compiled graphs (their on-disk layout is named by the key's "format" instead).
 _CODE_DIRS = ("runtime/models", "runtime/executor", "kernels")
+_NOT_IN_GRAPH = frozenset({"runtime/executor/artifact_cache.py", "runtime/executor/compile_manager.py",
+                           "runtime/executor/compile_worker.py", "runtime/executor/graph_package.py"})
 _ROOT = Path(__file__).resolve().parents[2]
+FORMAT = "aoti-decode-so-1"  # entry layout: the package's shared library alone
 
 
 @functools.lru_cache(maxsize=1)
@@ -40,8 +46,9 @@ def code_hash() -> str:
     h = hashlib.sha256()
     for d in _CODE_DIRS:
         for p in sorted((_ROOT / d).rglob("*")):
-            if p.suffix in (".py", ".cpp", ".h", ".c") and p.is_file():
-                h.update(str(p.relative_to(_ROOT)).encode())
+            rel = p.relative_to(_ROOT).as_posix()
+            if p.suffix in (".py", ".cpp", ".h", ".c") and p.is_file() and rel not in _NOT_IN_GRAPH:
+                h.update(rel.encode())
                 h.update(p.read_bytes())
     return h.hexdigest()[:24]
 
@@ -87,36 +94,21 @@ def graph_key(base: dict[str, Any], bucket: int) -> dict[str, Any]:
 def key_base(model_path: str, dtype: str, quantization: str, quantization_kernel: str, kv_dtype: str,
              attention_backend: str, backend_id: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every key field except the bucket."""
-    return {"format": "aoti-decode-1", "model": file_identity(model_path), "dtype": dtype,
+    return {"format": FORMAT, "model": file_identity(model_path), "dtype": dtype,
             "quantization": quantization, "quantization_kernel": quantization_kernel, "kv_dtype": kv_dtype,
             "attention_backend": attention_backend, "backend_id": backend_id, "code": code_hash(),
             "torch": torch.__version__, "cpu": cpu_flags(), **(extra or {})}
 
 
 def compile_package(runner: DecodeGraphRunner, bucket: int, out: Path) -> float:
-    """Export the runner's decode body at `bucket` rows and compile it into an AOTInductor package at `out`;
-    returns the seconds it took."""
+    """Export the runner's decode body at `bucket` rows, compile it with AOTInductor and write the package's
+    shared library to `out`; returns the seconds it took."""
     t = time.perf_counter()
     fn, args = runner.prepare_bucket(bucket)
+    pt2 = out.with_suffix(".pt2")
     with torch.no_grad():
         ep = torch.export.export(fn, args, strict=False)
-        torch._inductor.aoti_compile_and_package(ep, package_path=str(out), inductor_configs={"freezing": True})
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(pt2), inductor_configs={"freezing": True})
+    graph_package.extract_library(pt2, out)
+    pt2.unlink()
     return time.perf_counter() - t
-
-
-class PackagedGraph:
-    """A `Graph` replaying a loaded AOTInductor package over the runner's static buffers."""
-
-    def __init__(self, package: Path) -> None:
-        self.package = package
-        self.module: Any = None
-        self.args: tuple[torch.Tensor, ...] = ()
-
-    def capture(self, fn: Forward, args: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        self.module = torch._inductor.aoti_load_package(str(self.package))
-        self.args = args
-        return self.replay()
-
-    def replay(self) -> torch.Tensor:
-        out: torch.Tensor = self.module(*self.args)
-        return out

@@ -1,10 +1,10 @@
 """On-disk cache of compiled decode graphs (AOTInductor packages), one entry per key.
 
 Layout under the root (default ~/.cache/radixgen/graphs, RADIXGEN_CACHE_DIR or --compile-cache-dir):
-  <digest>/graph.pt2      the package (a zip: generated C++ .so, the exported program, embedded weights)
-  <digest>/entry.json     {"key": {...}, "sha256": hex of graph.pt2, "bytes": n}, written last
+  <digest>/graph.so       the compiled graph (an AOTInductor package's shared library, weights embedded)
+  <digest>/entry.json     {"key": {...}, "sha256": hex of graph.so, "bytes": n}, written last
 where <digest> is sha256 of the key's canonical JSON. An entry is trusted only when entry.json parses, its key
-equals the key asked for (a foreign or colliding directory is not) and graph.pt2 hashes to its sha256 (a
+equals the key asked for (a foreign or colliding directory is not) and graph.so hashes to its sha256 (a
 truncated or altered file is not). Anything else is removed and counted as `rejected`; the caller recompiles.
 
 Writers publish atomically: the package and manifest go into a temporary directory beside the entries, which
@@ -25,7 +25,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-PACKAGE, MANIFEST = "graph.pt2", "entry.json"
+PACKAGE, MANIFEST = "graph.so", "entry.json"
 DEFAULT_MAX_BYTES = 4 << 30
 
 
@@ -88,6 +88,12 @@ class ArtifactCache:
         except OSError as e:
             return f"unreadable package: {type(e).__name__}"
         return None
+
+    def discard(self, key: dict[str, Any], why: str) -> None:
+        """Remove the entry for `key` (it verified but did not load): counted as rejected, recompiled."""
+        self.rejected += 1
+        log.warning("compiled graph cache: rejected entry %s (%s); it will be recompiled", self.entry_dir(key), why)
+        shutil.rmtree(self.entry_dir(key), ignore_errors=True)
 
     def store(self, key: dict[str, Any], package: Path) -> Path:
         """Move `package` into the entry for `key` (replacing any old one); returns its final path."""

@@ -1,12 +1,16 @@
 """Which decode buckets run compiled, and how they get there (--compile-mode background or sync).
 
-Both modes go through the artifact cache (runtime/executor/artifact_cache.py) of AOTInductor packages
-(runtime/executor/aot_graph.py): a bucket whose entry verifies is loaded at once (~0.2 s), so a restart with
-the same key serves compiled from its first decode step.
-  sync:        missing buckets compile in this process before the server is ready.
-  background:  missing buckets compile in a nice-19 child process (runtime/executor/compile_worker.py) while
-               this one serves eagerly; `poll()` runs at a step boundary (the start of a forward), at most
-               every POLL_S, and loads each bucket whose entry has appeared.
+Both modes go through the artifact cache (runtime/executor/artifact_cache.py) of compiled graphs
+(runtime/executor/aot_graph.py, graph_package.py): a bucket whose entry verifies is loaded, not compiled.
+  sync:        cached buckets load and missing ones compile in this process before the server is ready.
+  background:  nothing blocks readiness. Cached buckets (an entry's manifest exists) are verified and loaded
+               by a loader thread, smallest first, while the server already serves eagerly; missing buckets
+               compile in a nice-19 child process (runtime/executor/compile_worker.py). `poll()` runs at a
+               step boundary (the start of a forward), at most every POLL_S: it swaps in each bucket the
+               thread has loaded and loads each one the child has published. An entry that fails to verify
+               or load is recompiled by a child started once the thread is done.
+Only `poll()` (the scheduler's thread) touches the decode runner: the loader thread hands over loaded
+libraries through a queue, and each bucket's first replay runs in `poll()`.
 If the child exits before every bucket is ready, the rest stay eager: one warning and a `compiled_decode`
 fallbacks entry (kernels/fallbacks.py), reported through `state()`.
 
@@ -17,15 +21,17 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from kernels import fallbacks
-from runtime.executor import aot_graph
+from runtime.executor import aot_graph, graph_package
 from runtime.executor.artifact_cache import MANIFEST, ArtifactCache
 from runtime.executor.cuda_graph import DecodeGraphRunner
 
@@ -40,79 +46,119 @@ class CompileManager:
         self.worker_job = worker_job  # model fields and backend id for the child
         self.pending = list(graphs.buckets)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.compiling: list[int] = []  # buckets handed to the child
         self.failed = ""
         self.compiled_here: dict[int, float] = {}  # bucket -> seconds (sync mode)
         self.t_start = time.monotonic()
         self.ready_after: dict[int, float] = {}  # bucket -> seconds from start until it was swapped in
         self._last_poll = 0.0
+        self._loaded: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()  # (bucket, library) from the thread
+        self._retry: list[int] = []  # buckets whose entry the thread rejected: for the child
+        self._loader: threading.Thread | None = None
 
     def key(self, bs: int) -> dict[str, Any]:
         return aot_graph.graph_key(self.key_base, bs)
 
     def start(self) -> None:
-        """Load every cached bucket; then compile the rest here (sync) or start the child (background)."""
-        for bs in list(self.pending):
-            self._try_load(bs)
-        if not self.pending:
-            log.info("compiled decode graphs for batch sizes %s loaded from %s", self._names(), self.cache.root)
-            return
+        """sync: load every cached bucket and compile the rest here. background: start the loader thread for
+        the cached buckets and the child for the rest, and return at once."""
         if self.mode == "sync":
             for bs in list(self.pending):
+                self._add(bs, self._load(bs))
+            for bs in list(self.pending):
                 with tempfile.TemporaryDirectory(dir=self._tmp_parent()) as tmp:
-                    out = Path(tmp) / "graph.pt2"
+                    out = Path(tmp) / "graph.so"
                     self.compiled_here[bs] = aot_graph.compile_package(self.graphs, bs, out)
                     self.cache.store(self.key(bs), out)
-                self._try_load(bs)
-            log.info("compiled decode graphs for batch sizes %s (%s)", self._names(),
-                     ", ".join(f"{b}: {s:.1f} s" for b, s in self.compiled_here.items()))
+                self._add(bs, self._load(bs))
+            log.info("decode graphs for batch sizes %s ready (compiled here: %s)", self._names(),
+                     ", ".join(f"{b}: {s:.1f} s" for b, s in self.compiled_here.items()) or "none")
             return
-        self._spawn()
+        cached = [bs for bs in self.pending if (self.cache.entry_dir(self.key(bs)) / MANIFEST).exists()]
+        missing = [bs for bs in self.pending if bs not in cached]
+        if missing:
+            self._spawn(missing)
+        if cached:
+            self._loader = threading.Thread(target=self._load_cached, args=(cached,), name="graph-loader",
+                                            daemon=True)
+            self._loader.start()
+
+    def _load_cached(self, buckets: list[int]) -> None:
+        """The loader thread: verify and load each cached bucket, smallest first, for `poll()` to swap in."""
+        for bs in buckets:
+            lib = self._load(bs)
+            if lib is None:
+                self._retry.append(bs)
+            else:
+                self._loaded.put((bs, lib))
+
+    def wait_loaded(self, timeout: float | None = None) -> None:
+        """Block until the loader thread is done, then swap in what it loaded (tests; a bench's steady state)."""
+        if self._loader is not None:
+            self._loader.join(timeout)
+        self.poll(force=True)
 
     def _tmp_parent(self) -> str:
         self.cache.root.mkdir(parents=True, exist_ok=True)
         return str(self.cache.root)
 
-    def _spawn(self) -> None:
-        job = {**self.worker_job, "buckets": self.pending, "key_base": self.key_base,
+    def _spawn(self, buckets: list[int]) -> None:
+        job = {**self.worker_job, "buckets": buckets, "key_base": self.key_base,
                "cache_root": str(self.cache.root), "cache_max_bytes": self.cache.max_bytes}
+        self.compiling = list(buckets)
         self.proc = subprocess.Popen([sys.executable, "-m", "runtime.executor.compile_worker"],
                                      stdin=subprocess.PIPE)  # its per-bucket lines go to our log
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(job).encode())
         self.proc.stdin.close()
         log.info("serving eagerly; compiling decode graphs for batch sizes %s in the background (pid %d)",
-                 ",".join(map(str, self.pending)), self.proc.pid)
+                 ",".join(map(str, buckets)), self.proc.pid)
 
     def poll(self, force: bool = False) -> None:
-        """At a step boundary: swap in every bucket whose package appeared; notice a dead compiler."""
+        """At a step boundary: swap in every bucket loaded or published since the last poll; notice a dead
+        compiler."""
         if not self.pending or self.failed:
             return
         now = time.monotonic()
         if not force and now - self._last_poll < POLL_S:
             return
         self._last_poll = now
+        while not self._loaded.empty():
+            bs, lib = self._loaded.get()
+            self._add(bs, lib)
         exited = self.proc.poll() if self.proc is not None else None
-        for bs in list(self.pending):
+        for bs in [b for b in self.pending if b in self.compiling]:
             if (self.cache.entry_dir(self.key(bs)) / MANIFEST).exists():
-                self._try_load(bs)
+                self._add(bs, self._load(bs))
+        loader_done = self._loader is None or not self._loader.is_alive()
+        if loader_done and self._retry and (self.proc is None or exited is not None):
+            retry, self._retry = self._retry, []
+            self._spawn(retry)
+            return
         if not self.pending:
             log.info("all decode buckets compiled (%s) after %.1f s", self._names(), now - self.t_start)
-        elif exited is not None:
+        elif exited is not None and any(b in self.compiling for b in self.pending):
             self.failed = (f"the background compile process exited (code {exited}) before batch sizes "
                            f"{','.join(map(str, self.pending))} were compiled: those decode eagerly (slower)")
             fallbacks.record("compiled_decode", self.failed)
 
-    def _try_load(self, bs: int) -> None:
-        pkg = self.cache.lookup(self.key(bs))
-        if pkg is None:
-            return
+    def _load(self, bs: int) -> Any:
+        """The verified, loaded library of bucket `bs`, or None (missing; or rejected and removed)."""
+        key = self.key(bs)
+        path = self.cache.lookup(key)
+        if path is None:
+            return None
         try:
-            self.graphs.add_graph(bs, aot_graph.PackagedGraph(pkg))
-        except Exception as e:  # noqa: BLE001 (a package that does not load is one more cache miss)
-            log.warning("compiled decode graph for batch size %d did not load (%s: %s); it will be recompiled",
-                        bs, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-            self.cache.rejected += 1
+            return graph_package.load_library(path)
+        except Exception as e:  # noqa: BLE001 (a graph that does not load is one more rejected entry)
+            self.cache.discard(key, f"did not load: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            return None
+
+    def _add(self, bs: int, lib: Any) -> None:
+        """Swap bucket `bs` in (its first replay runs here); a None library leaves it pending."""
+        if lib is None or bs not in self.pending:
             return
+        self.graphs.add_graph(bs, graph_package.PackagedGraph(lib))
         self.pending.remove(bs)
         self.ready_after[bs] = round(time.monotonic() - self.t_start, 1)
         log.info("decode batch size %d now runs compiled", bs)

@@ -56,7 +56,7 @@ def compile_missing(job: dict[str, Any]) -> list[dict[str, Any]]:
             done.append({"bucket": bs, "cached": True})
             continue
         with tempfile.TemporaryDirectory(dir=_tmp_parent(cache.root)) as tmp:
-            out = Path(tmp) / "graph.pt2"
+            out = Path(tmp) / "graph.so"
             seconds = aot_graph.compile_package(graphs, bs, out)
             cache.store(key, out)
         rec = {"bucket": bs, "seconds": round(seconds, 1)}

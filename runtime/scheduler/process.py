@@ -172,6 +172,7 @@ class SchedulerLoop:
     def run(self) -> None:
         s = self.scheduler
         idle_wait = True
+        idle = getattr(s, "on_idle", None)  # a scheduler's between-steps hook (swaps in ready decode graphs)
         self.timer.watch_gc()
         while True:
             t0 = time.perf_counter()
@@ -182,6 +183,8 @@ class SchedulerLoop:
                 first = self._recv.recv(timeout_ms=wait)
                 msgs = [] if first is None else [first, *self._recv.drain()]
                 if not msgs and not self._later and not s.has_work():
+                    if idle is not None:
+                        idle()
                     continue
                 t0 = time.perf_counter()  # waiting for work is not step time
             msgs, self._later = self._later + msgs, []

@@ -468,6 +468,12 @@ class Scheduler:
             **self._compile_state(),
         }
 
+    def on_idle(self) -> None:
+        """No work this turn (a step boundary too): the runner may swap in decode graphs that became ready."""
+        poll = getattr(getattr(self.runner, "compile", None), "poll", None)
+        if poll is not None:
+            poll()
+
     def _compile_state(self) -> dict[str, Any]:
         """Compiled decode buckets (a runner with `compile_state`) and this process's fallbacks so far."""
         state = getattr(self.runner, "compile_state", None)

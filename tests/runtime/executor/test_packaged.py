@@ -62,6 +62,7 @@ aot_graph.compile_package = no_compile
 from tests.runtime.executor.test_packaged import _runner
 from runtime.executor.greedy import greedy_generate
 r = _runner(sys.argv[1], sys.argv[2], "background")  # everything cached: no compile process either
+r.compile.wait_loaded(60)  # the loader thread verifies and loads the cached bucket
 tokens = greedy_generate(r, json.loads(sys.argv[3]), 24)
 print(json.dumps([r.compile_state(), tokens]))
 """
