@@ -49,10 +49,11 @@ def _state(c: httpx.Client) -> dict:
     return c.get("/get_server_info").json()["internal_states"][0]
 
 
-def _until_compiled(c: httpx.Client, out: dict[str, float], t0: float, pause: float) -> None:
+def _until_compiled(c: httpx.Client, out: dict[str, float], t0: float, pause: float, limit: float) -> None:
     """Sets first_compiled_s (launch to the end of the first request a compiled graph decoded) and
-    all_compiled_s (launch until no bucket is pending)."""
-    while True:
+    all_compiled_s (launch until no bucket is pending). Gives up `limit` seconds after the launch."""
+    st: dict = {}
+    while time.monotonic() - t0 < limit:
         _greedy(c, 4)  # a step boundary: ready buckets swap in
         st = _state(c)
         if "first_compiled_s" not in out and st["compiled_replays"] > 0:
@@ -61,6 +62,7 @@ def _until_compiled(c: httpx.Client, out: dict[str, float], t0: float, pause: fl
             out["all_compiled_s"] = time.monotonic() - t0
             return
         time.sleep(pause)
+    raise RuntimeError(f"decode graphs still pending {limit:g} s after the launch: {st}")
 
 
 def one_start(cache: Path, inductor: Path, max_bs: int, cold: bool) -> dict[str, float]:
@@ -85,13 +87,13 @@ def one_start(cache: Path, inductor: Path, max_bs: int, cold: bool) -> dict[str,
                 time.sleep(0.05)
             out["health_s"] = time.monotonic() - t0
             if not cold:  # the cache holds every bucket: how soon does decode run compiled?
-                _until_compiled(c, out, t0, 0.05)
+                _until_compiled(c, out, t0, 0.05, 120)
             tokens, t_first = 0, time.monotonic()
             while time.monotonic() - t_first < 30.0:
                 tokens += _greedy(c)
             out["tok_s_first_30s"] = tokens / (time.monotonic() - t_first)
             if cold:  # no load meanwhile, so the background compiler has the CPU
-                _until_compiled(c, out, t0, 0.5)
+                _until_compiled(c, out, t0, 0.5, 600)
             t, tokens = time.monotonic(), 0
             for _ in range(5):
                 tokens += _greedy(c)

@@ -2,9 +2,11 @@
 
 Layout under the root (default ~/.cache/radixgen/graphs, RADIXGEN_CACHE_DIR or --compile-cache-dir):
   <digest>/graph.so       the compiled graph (an AOTInductor package's shared library, weights embedded)
-  <digest>/entry.json     {"key": {...}, "sha256": hex of graph.so, "bytes": n}, written last
+  <digest>/graph.json     its custom-op call table, when the graph has one (a sidecar: see `store`)
+  <digest>/entry.json     {"key": {...}, "sha256": hex of graph.so, "bytes": n,
+                           "sidecar": {"sha256": hex of graph.json, "bytes": n} or absent}, written last
 where <digest> is sha256 of the key's canonical JSON. An entry is trusted only when entry.json parses, its key
-equals the key asked for (a foreign or colliding directory is not) and graph.so hashes to its sha256 (a
+equals the key asked for (a foreign or colliding directory is not) and graph.so (and its sidecar) hashes to its sha256 (a
 truncated or altered file is not). Anything else is removed and counted as `rejected`; the caller recompiles.
 
 Writers publish atomically: the package and manifest go into a temporary directory beside the entries, which
@@ -25,7 +27,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-PACKAGE, MANIFEST = "graph.so", "entry.json"
+PACKAGE, SIDECAR, MANIFEST = "graph.so", "graph.json", "entry.json"
 DEFAULT_MAX_BYTES = 4 << 30
 
 
@@ -81,10 +83,15 @@ class ArtifactCache:
             return f"unreadable manifest: {type(e).__name__}"
         if not isinstance(meta, dict) or meta.get("key") != key:
             return "key mismatch"
-        pkg = d / PACKAGE
+        files = [(d / PACKAGE, meta)]
+        if isinstance(meta.get("sidecar"), dict):
+            files.append((d / SIDECAR, meta["sidecar"]))
+        elif (d / SIDECAR).exists():
+            return "sidecar not in the manifest"
         try:
-            if pkg.stat().st_size != meta.get("bytes") or file_sha256(pkg) != meta.get("sha256"):
-                return "checksum mismatch"
+            for f, m in files:
+                if f.stat().st_size != m.get("bytes") or file_sha256(f) != m.get("sha256"):
+                    return "checksum mismatch"
         except OSError as e:
             return f"unreadable package: {type(e).__name__}"
         return None
@@ -96,11 +103,17 @@ class ArtifactCache:
         shutil.rmtree(self.entry_dir(key), ignore_errors=True)
 
     def store(self, key: dict[str, Any], package: Path) -> Path:
-        """Move `package` into the entry for `key` (replacing any old one); returns its final path."""
+        """Move `package` (and its sidecar, `package` with suffix .json, if there is one) into the entry for
+        `key` (replacing any old one); returns the package's final path."""
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root))
         shutil.move(str(package), tmp / PACKAGE)
-        meta = {"key": key, "sha256": file_sha256(tmp / PACKAGE), "bytes": (tmp / PACKAGE).stat().st_size}
+        meta: dict[str, Any] = {"key": key, "sha256": file_sha256(tmp / PACKAGE),
+                                "bytes": (tmp / PACKAGE).stat().st_size}
+        side = package.with_suffix(".json")
+        if side.exists():
+            shutil.move(str(side), tmp / SIDECAR)
+            meta["sidecar"] = {"sha256": file_sha256(tmp / SIDECAR), "bytes": (tmp / SIDECAR).stat().st_size}
         (tmp / MANIFEST).write_text(json.dumps(meta, sort_keys=True))
         d = self.entry_dir(key)
         if d.exists():

@@ -158,7 +158,14 @@ class CompileManager:
         """Swap bucket `bs` in (its first replay runs here); a None library leaves it pending."""
         if lib is None or bs not in self.pending:
             return
-        self.graphs.add_graph(bs, graph_package.PackagedGraph(lib))
+        try:
+            self.graphs.add_graph(bs, graph_package.PackagedGraph(lib))
+        except Exception as e:  # noqa: BLE001 (a graph that does not run is rejected and recompiled)
+            self.cache.discard(self.key(bs), f"first run failed: {type(e).__name__}: "
+                                             f"{str(e).splitlines()[0] if str(e) else ''}")
+            if bs not in self._retry:
+                self._retry.append(bs)
+            return
         self.pending.remove(bs)
         self.ready_after[bs] = round(time.monotonic() - self.t_start, 1)
         log.info("decode batch size %d now runs compiled", bs)

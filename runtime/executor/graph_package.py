@@ -24,17 +24,23 @@ from runtime.executor.cuda_graph import Forward
 
 
 def extract_library(pt2: Path, out: Path) -> None:
-    """Copy the package's one shared library to `out`; a package without exactly one is refused."""
+    """Copy the package's one shared library to `out` and, when the graph calls custom ops, its call table
+    (the .json AOTInductor's runner reads beside the library) to `out` with suffix .json; a package without
+    exactly one library is refused."""
     with zipfile.ZipFile(pt2) as z:
         libs = [n for n in z.namelist() if n.endswith(".so")]
         if len(libs) != 1:
             raise ValueError(f"{pt2}: expected one shared library in the package, found {libs}")
-        with z.open(libs[0]) as src, open(out, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 22)
+        table = libs[0][: -len(".so")] + ".json"
+        pairs = [(libs[0], out)] + ([(table, out.with_suffix(".json"))] if table in z.namelist() else [])
+        for name, dest in pairs:
+            with z.open(name) as src, open(dest, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 22)
 
 
 def load_library(path: Path) -> Any:
-    """The AOTInductor model in `path` (one model instance: the decode loop runs one step at a time)."""
+    """The AOTInductor model in `path` (one model instance: the decode loop runs one step at a time); its
+    custom-op call table, if any, is read from `path` with suffix .json."""
     return torch._C._aoti.AOTIModelContainerRunnerCpu(str(path), 1)
 
 
