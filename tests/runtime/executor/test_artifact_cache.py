@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from runtime.executor import aot_graph
-from runtime.executor.artifact_cache import MANIFEST, PACKAGE, ArtifactCache
+from runtime.executor.artifact_cache import MANIFEST, PACKAGE, SIDECAR, ArtifactCache
 from server.cli import main as cli_main
 
 KEY = {"model": {"path": "/m.gguf", "bytes": 1}, "dtype": "float32", "quantization": "gguf", "bucket": 1}
@@ -29,6 +29,21 @@ def test_store_then_lookup_hits(tmp_path):
     assert cache.lookup(KEY) == stored and stored.read_bytes() == b"x" * 1000
     assert (cache.hits, cache.misses, cache.rejected) == (1, 0, 0)
     assert cache.lookup({**KEY, "bucket": 2}) is None and cache.misses == 1
+
+
+def test_sidecar_is_stored_and_checked(tmp_path):
+    """A graph's custom-op call table (the .json beside the library) travels with it and is verified too."""
+    cache = ArtifactCache(tmp_path / "c")
+    src = _pkg(tmp_path)
+    src.with_suffix(".json").write_text('{"nodes": [0]}')
+    stored = cache.store(KEY, src)
+    side = stored.with_name(SIDECAR)
+    assert side.read_text() == '{"nodes": [0]}' and cache.lookup(KEY) == stored
+    side.write_text('{"nodes": [1]}')  # same size, other content
+    assert cache.lookup(KEY) is None and cache.rejected == 1 and not stored.parent.exists()
+    stored = cache.store(KEY, _pkg(tmp_path))  # no sidecar in the manifest: a stray one is refused
+    stored.with_name(SIDECAR).write_text("{}")
+    assert cache.lookup(KEY) is None and cache.rejected == 2
 
 
 def test_corrupt_package_is_rejected_removed_and_counted(tmp_path):
