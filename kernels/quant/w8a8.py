@@ -18,6 +18,11 @@ unchanged, x @ W^T = (x / s) @ (W * s)^T: the int8 codes are rounded from W * s 
 multiply fused into the quantization pass. s_k = amax_k^alpha / wmax_k^(1 - alpha), amax_k the largest |x[:, k]| seen
 on calibration text (`observe`), wmax_k the largest |W[:, k]|.
 
+Float channels (LLM.int8()'s decomposition, optional per weight, after smoothing): the `k` input channels whose
+smoothed calibration |x| is largest skip the int8 path: their entries of inv_s are 0 (so they quantize to 0 and
+leave the token's scale to the other channels) and their weight rows run in float, y += x[:, fidx] @ wf with
+wf float32 [k, N]. The int8 codes are rounded without those columns.
+
 Weights come from float weights or any QTensor (a GGUF's 4-bit or Q8_0 blocks): dequantized to float32, then
 rounded to int8 per output channel (`int8_codes`). The 4-bit codes of `small` stay the file's own, so small-batch
 decode reads the same bytes as under --quantization gguf.
@@ -63,6 +68,8 @@ class W8A8Weight(QuantWeight):
     wt: torch.Tensor  # buffers (register_buffer)
     sw: torch.Tensor
     inv_s: torch.Tensor | None
+    fidx: torch.Tensor | None
+    wf: torch.Tensor | None
 
     def __init__(self, w: torch.Tensor, small: QuantWeight | None, min_rows: int) -> None:
         """w: the float weight [N, K] to round (a QTensor's dequantization, or a checkpoint's float weight)."""
@@ -81,6 +88,8 @@ class W8A8Weight(QuantWeight):
         self.register_buffer("wt", codes.t().contiguous())  # [K, N]
         self.register_buffer("sw", scale)  # [N]
         self.register_buffer("inv_s", None)  # [K] after smooth()
+        self.register_buffer("fidx", None)  # int64 [k]: input channels run in float (smooth(float_channels=k))
+        self.register_buffer("wf", None)  # float32 [k, N]: their weight rows
         self.register_buffer("dense", None)  # never a dense copy: the int8 GEMM is what large calls run
         self.small = small
         self.min_rows = min_rows
@@ -93,23 +102,36 @@ class W8A8Weight(QuantWeight):
         self.amax = torch.zeros(self.in_features) if on else self.amax
         self.observing = on
 
-    def smooth(self, w: torch.Tensor, alpha: float) -> None:
+    def smooth(self, w: torch.Tensor, alpha: float, float_channels: int = 0) -> None:
         """Re-round the int8 codes from the float weight w [N, K] with smoothing factors from the recorded amax
-        (module doc); alpha 0 is plain per-channel rounding."""
+        (module doc); alpha 0 is plain per-channel rounding. float_channels > 0: that many input channels, those of
+        the largest smoothed amax, run in float instead (module doc)."""
         if self.amax is None:
             raise RuntimeError("smooth() needs observe(True), calls, then observe(False)")
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"smoothing alpha must be in [0, 1], got {alpha}")
-        a, b = self.amax.clamp_min(1e-5), w.float().abs().amax(0).clamp_min(1e-5)
+        if not 0 <= float_channels < self.in_features:
+            raise ValueError(f"float_channels must be in [0, {self.in_features}), got {float_channels}")
+        w = w.float()
+        a, b = self.amax.clamp_min(1e-5), w.abs().amax(0).clamp_min(1e-5)
         s = (a**alpha / b ** (1 - alpha)).clamp(1e-3, 1e3) if alpha > 0 else torch.ones_like(a)
-        codes, scale = int8_codes(w.float() * s)
+        inv_s = 1.0 / s
+        self.fidx = self.wf = None
+        if float_channels:
+            fidx = torch.topk(a * inv_s, float_channels).indices.sort().values
+            inv_s[fidx] = 0.0
+            self.fidx, self.wf = fidx, w[:, fidx].t().contiguous()
+        codes, scale = int8_codes(w * s * (inv_s > 0))
         self.wt, self.sw = codes.t().contiguous(), scale
-        self.inv_s = None if alpha == 0 else (1.0 / s).contiguous()
+        self.inv_s = None if alpha == 0 and not float_channels else inv_s.contiguous()
 
     def dequantize(self) -> torch.Tensor:
         """The weight the int8 path multiplies by, float32 [N, K] (smoothing undone)."""
         w = self.wt.t().float() * self.sw[:, None]
-        return w if self.inv_s is None else w * self.inv_s
+        w = w if self.inv_s is None else w * self.inv_s
+        if self.fidx is not None and self.wf is not None:
+            w[:, self.fidx] = self.wf.t()
+        return w
 
     def takes_dense_copy(self) -> bool:
         return False
@@ -127,7 +149,10 @@ class W8A8Weight(QuantWeight):
         if not self.uses_int8(x.shape[0]):
             assert self.small is not None  # uses_int8 is True without a small kernel
             return self.small(x)
-        return w8a8_mm(x, self.wt, self.sw, self.inv_s).to(x.dtype)
+        y = w8a8_mm(x, self.wt, self.sw, self.inv_s)
+        if self.fidx is not None and self.wf is not None:
+            y = torch.addmm(y, x[:, self.fidx].float(), self.wf)
+        return y.to(x.dtype)
 
 
 def wrap_linears(model: nn.Module, names: tuple[str, ...], min_rows: int) -> list[W8A8Weight]:

@@ -119,6 +119,37 @@ def test_smoothing_keeps_the_product_and_calibrates_on_observed_inputs() -> None
         w.smooth(wf, 1.5)
 
 
+def test_float_channels_take_the_outliers_out_of_the_int8_path() -> None:
+    """Two input channels 50x larger than the rest: smooth(float_channels=2) picks exactly those, runs them in float
+    (the output is the float64 product of their columns plus the int8 product of the rest, with those quantized as
+    zeros), gets closer to the float product than smoothing alone, and dequantize() is exact on those columns."""
+    x, wf = _operands(64, 96, 128, seed=12)
+    x[:, [5, 70]] *= 50
+    w, only_smoothed = W8A8Weight(wf, None, 1), W8A8Weight(wf, None, 1)
+    for v in (w, only_smoothed):
+        v.observe(True)
+        v(x[:32])
+        v.observe(False)
+    only_smoothed.smooth(wf, 0.5)
+    w.smooth(wf, 0.5, float_channels=2)
+    assert w.fidx is not None and w.wf is not None and w.inv_s is not None
+    assert w.fidx.tolist() == [5, 70] and (w.inv_s[w.fidx] == 0).all() and (w.wt[w.fidx] == 0).all()
+    assert torch.equal(w.dequantize()[:, w.fidx], wf[:, [5, 70]])
+    q, sx = quantize_rows(x, w.inv_s)
+    assert (q[:, w.fidx] == 0).all()
+    expect = (q.double() @ w.wt.double()) * sx.double() * w.sw.double() + x[:, [5, 70]].double() @ w.wf.double()
+    assert torch.allclose(w(x).double(), expect, rtol=1e-5, atol=1e-4)
+    ref = x.double() @ wf.double().t()
+    err_f, err_s = (w(x).double() - ref).abs().mean(), (only_smoothed(x).double() - ref).abs().mean()
+    assert err_f < err_s, (err_f, err_s)
+    a, b = w(x), torch.cat([w(x[:7]), w(x[7:])])  # float channels keep rows batch-invariant
+    assert torch.equal(a, b)
+    w.smooth(wf, 0.0, float_channels=0)  # back to plain rounding: no float part left
+    assert w.fidx is None and w.wf is None and w.inv_s is None
+    with pytest.raises(ValueError, match="float_channels"):
+        w.smooth(wf, 0.5, float_channels=128)
+
+
 def test_bad_inputs_are_refused() -> None:
     wf = torch.randn(8, 16)
     with pytest.raises(ValueError, match="float weight"):
