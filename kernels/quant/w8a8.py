@@ -197,7 +197,9 @@ def describe_plan(model: nn.Module, names: tuple[str, ...]) -> str:
             w = m._modules.get(name)
             if isinstance(w, W8A8Weight) and name not in plans:
                 small = f"rows < {w.min_rows}: {_kernel_name(w.small)}, " if w.small is not None else ""
-                plans[name] = f"{name} {small}rows >= {w.min_rows if w.small is not None else 1}: int8 x int8 -> int32"
+                extra = f" + {w.fidx.numel()} float input channels" if w.fidx is not None else ""
+                plans[name] = (f"{name} {small}rows >= {w.min_rows if w.small is not None else 1}: "
+                               f"int8 x int8 -> int32{extra}")
     isa = int8_isa()
     return (f"int8 arithmetic ({isa} via oneDNN torch._int_mm; activations per token): "
             + "; ".join(plans[n] for n in names if n in plans))

@@ -1,17 +1,23 @@
 """--quantization w8a8_int8 at start-up: which linear classes run int8 arithmetic, and their smoothing calibrated once.
 
-Measured on SmolLM2-135M (bench/results/quant_ppl_w8a8.md, held-out perplexity against the float model): per-token
-int8 activations cost +4 % perplexity with plain per-channel weights, almost all of it from the inputs of q/k/v,
-the lm_head, gate/up and down, whose few large channels leave the rest of a token few int8 levels. Per class:
-  w_qkv, w_o, lm_head  int8 with SmoothQuant factors (alpha 0.5) from calibration text
-  w_gate_up            int8, plain per-channel rounding (smoothing measured worse there)
-  w_down               not int8: its input (SiLU(gate) * up) has per-token outliers that smoothing does not fix;
-                       calls of many rows run one dense GEMM in the model's dtype on a kept copy, as --quantization
-                       gguf does
-Calibration: one forward of CALIBRATION_TOKENS tokens (the model's own greedy continuation of fixed seed tokens,
-so it needs no tokenizer and no data set) through the exact small-batch kernels, recording each int8 linear's
-largest |input| per channel; then every int8 weight is re-rounded from its exact source (the weight-only kernel's
-dequantization) with its factors. Deterministic: same file, same factors.
+Measured on SmolLM2-135M (bench/int8_accuracy.py on 6,138 held-out tokens; bench/results/quant_ppl_w8a8.md over
+20,460): per-token int8 activations cost +4 % perplexity with plain per-channel weights, almost all of it from a few
+large input channels that leave the rest of a token few int8 levels. SmoothQuant (alpha 0.5) alone left +2.05 %;
+taking the largest smoothed input channels out of the int8 path (they run a small float GEMM, kernels/quant/w8a8.py)
+brings it to +0.27 %. Per class (alpha / float channels; each class alone int8, the rest float, smoothing only):
+  w_qkv      0.5 / 8    (+0.45 % with smoothing only)
+  w_o        0.5 / 8    (+0.19 %)
+  w_gate_up  0.5 / 16   (+0.74 % plain rounding; 0.5 / 16 alone +0.13 %)
+  lm_head    0.5 / 8    (+0.76 %)
+  w_down     not int8: its input (SiLU(gate) * up) has per-token outliers; int8 with 16 float channels still cost
+             +0.61 % alone (+0.90 % with the rest). Calls of many rows run one dense GEMM in the model's dtype on a
+             kept copy, as --quantization gguf does.
+Calibration: the model's own greedy continuation of fixed seed tokens (CALIBRATION_TOKENS each, all seeds decoded in
+lockstep over a K/V cache; it needs no tokenizer and no data set), then one batched forward of that text recording
+each int8 linear's largest |input| per channel; then every int8 weight is re-rounded from its exact source (the
+weight-only kernel's dequantization) with its factors. Both passes run dense float32 GEMMs on transient copies of the
+dequantized weights (the same values; the 4-bit kernels are GEMVs, ~10x slower at 8 rows per call), dropped after.
+Deterministic: same file, same factors.
 """
 
 from __future__ import annotations
@@ -21,12 +27,12 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kernels.quant import QuantWeight
+from kernels.quant import QuantWeight, keep_dense_copies
 from kernels.quant.w8a8 import W8A8Weight, wrap_linears
 from runtime.models.llama import LlamaForCausalLM
 
-INT8_CLASSES = {"w_qkv": 0.5, "w_o": 0.5, "w_gate_up": 0.0, "lm_head": 0.5}  # class -> smoothing alpha
-FLOAT_CHANNELS: dict[str, int] = {}  # class -> input channels run in float (kernels/quant/w8a8.py)
+INT8_CLASSES = {"w_qkv": 0.5, "w_o": 0.5, "w_gate_up": 0.5, "lm_head": 0.5}  # class -> smoothing alpha
+FLOAT_CHANNELS = {"w_qkv": 8, "w_o": 8, "w_gate_up": 16, "lm_head": 8}  # class -> input channels run in float
 DENSE_CLASSES = ("w_down",)  # many-row calls: a dense GEMM on a kept copy in the model's dtype
 SEED_TOKENS = (1, 504, 1000, 2000, 3000, 5000, 8000, 12000)
 CALIBRATION_TOKENS = 48  # generated per seed
@@ -117,6 +123,12 @@ def smooth_all(model: LlamaForCausalLM, alphas: dict[str, float], float_channels
 def setup_int8(model: LlamaForCausalLM, min_rows: int) -> list[W8A8Weight]:
     """Wrap the INT8_CLASSES linears of `model` in W8A8Weights and calibrate their smoothing; returns them.
     DENSE_CLASSES are left to the caller's dense copies."""
-    weights = observe(model, tuple(INT8_CLASSES), min_rows, calibration_ids(model))
+    kept = {m: (m.dense, m.dense_min_rows) for m in model.modules() if isinstance(m, QuantWeight)}
+    keep_dense_copies(model, 1, torch.float32)  # transient (module doc)
+    try:
+        weights = observe(model, tuple(INT8_CLASSES), min_rows, calibration_ids(model))
+    finally:
+        for m, (dense, rows) in kept.items():
+            m.dense, m.dense_min_rows = dense, rows
     smooth_all(model, INT8_CLASSES, FLOAT_CHANNELS)
     return weights

@@ -155,7 +155,10 @@ def test_w8a8_int8_serves_smollm(smollm_path, hf_smollm) -> None:
     w = runner.model.layers[3].w_qkv
     assert isinstance(w, quant.W8A8Weight) and w.min_rows == 8
     assert isinstance(w.small, (quant.Int4Weight, quant.Q4BlockWeight))  # the 4-bit kernel this CPU runs
-    assert w.inv_s is not None and runner.model.layers[3].w_gate_up.inv_s is None  # smoothed / plain
+    gu = runner.model.layers[3].w_gate_up
+    assert w.inv_s is not None and gu.inv_s is not None  # smoothed, with float input channels (int8_calibration)
+    assert w.fidx is not None and w.fidx.numel() == 8 and gu.fidx is not None and gu.fidx.numel() == 16
+    assert w.small.dense is None  # the calibration's float32 copies are dropped: only w_down keeps one
     assert not isinstance(runner.model.layers[3].w_down, quant.W8A8Weight)
     # int8 codes round the file's 4-bit values (times the smoothing factors): within half a step per element
     err = (w.dequantize() - w.small.dequantize()).abs()
