@@ -52,9 +52,30 @@ def _f(v: float | None, nd: int = 1) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
 
 
+def merge(paths: list[str]) -> dict:
+    """Several run.py JSONs as one: the runs of all, the first's systems (start-up of the first), every command."""
+    docs = []
+    for p in paths:
+        with open(p) as f:
+            docs.append(json.load(f))
+    doc = dict(docs[0])
+    if len(docs) > 1:
+        doc["runs"] = [r for d in docs for r in d["runs"]]
+        systems: dict = {}
+        for d in docs:
+            for name, v in d["systems"].items():
+                systems.setdefault(name, v)
+        doc["systems"] = systems
+        doc["command"] = "`; `".join(d["command"] for d in docs)
+        doc["finished"] = docs[-1].get("finished", "?")
+        doc["rounds"] = max(d["rounds"] for d in docs)
+    return doc
+
+
 def table(med: dict, systems: list[str], loads: list[str], doc_rounds: int) -> list[str]:
-    head = "| workload | metric | " + " | ".join(systems) + " | radixgen / best peer |"
-    lines = [head, "|---|---|" + "---:|" * (len(systems) + 1)]
+    ours_all = [s for s in systems if s.startswith("radixgen")]  # a ratio column for each radixgen system run
+    head = "| workload | metric | " + " | ".join(systems) + " | " + " | ".join(f"{s} / best peer" for s in ours_all) + " |"
+    lines = [head, "|---|---|" + "---:|" * (len(systems) + len(ours_all))]
     metrics = {
         "single": [("ttft_s", "TTFT s (512-token prompt)", False), ("decode_tok_s", "decode tok/s", True)],
         "prefill1k": [("ttft_s", "median TTFT s (1,000-token prompt)", False)],
@@ -83,12 +104,14 @@ def table(med: dict, systems: list[str], loads: list[str], doc_rounds: int) -> l
                 for s, v in vals.items()
                 if not s.startswith("radixgen") and v is not None and not math.isnan(v) and v > 0  # variants aren't peers
             ]
-            ours = vals.get("radixgen")
-            ratio = "-"
-            if peers and ours is not None and not math.isnan(ours):
-                best = max(peers) if higher else min(peers)
-                ratio = f"{ours / best:.2f}x" + ("" if higher else " (lower is better)")
-            lines.append(f"| {w} | {label} | " + " | ".join(cells) + f" | {ratio} |")
+            ratios = []
+            for name in ours_all:
+                ours, ratio = vals.get(name), "-"
+                if peers and ours is not None and not math.isnan(ours):
+                    best = max(peers) if higher else min(peers)
+                    ratio = f"{ours / best:.2f}x" + ("" if higher else " (lower is better)")
+                ratios.append(ratio)
+            lines.append(f"| {w} | {label} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
     return lines
 
 
@@ -109,7 +132,8 @@ def roofline_lines(med: dict, roof: dict | None, dtype: str) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--json", default=os.path.join(RESULTS, "peers.json"))
+    ap.add_argument("--json", nargs="+", default=[os.path.join(RESULTS, "peers.json")],
+                    help="one run.py JSON, or several runs of the same systems (e.g. one per workload) to merge")
     ap.add_argument("--md", default=os.path.join(RESULTS, "peers.md"))
     ap.add_argument("--reading", default=os.path.join(RESULTS, "peers-reading.md"),
                     help="hand-written reading appended to the report ('' for none)")
@@ -117,8 +141,7 @@ def main() -> None:
     ap.add_argument("--roofline", default=os.path.join(RESULTS, "roofline.json"),
                     help="bench/roofline.py's json for this machine")
     args = ap.parse_args()
-    with open(args.json) as f:
-        doc = json.load(f)
+    doc = merge(args.json)
     med = medians(doc)
     systems = list(doc["systems"])
     seen = []

