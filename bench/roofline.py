@@ -5,7 +5,9 @@ and the tokens/s bound they imply per workload.
 
 Measured (median of 5, torch on --threads threads): read bandwidth (sum over 1 GiB), copy bandwidth, and
 fp32/bf16 `mm` GFLOP/s at n = 1024 and 2048 (the peak) plus at the model's own decode shape
-(32 x 576 @ 576 x 1536, what a batched decode step really runs).
+(32 x 576 @ 576 x 1536, what a batched decode step really runs); int8 x int8 -> int32 `torch._int_mm` GOP/s
+(the arithmetic of --quantization w8a8_int8) at n = 1024 and 2048 and at the decode (32 rows) and prefill
+(512 rows) shapes of the MLP's gate_up, 576 -> 1536 and 576 -> 3072.
 
 Model (from the GGUF's shapes): 30 layers, hidden 576, 9 query / 3 KV heads of 64, MLP 1536, vocab 49152
 (tied). Per decode step of B requests at context L, in dtype of `w` bytes:
@@ -13,6 +15,10 @@ Model (from the GGUF's shapes): 30 layers, hidden 576, 9 query / 3 KV heads of 6
             cached K/V read once)
     flops = B * (2 * 134.5 M  +  30 layers * 4 * L * 9 heads * 64)                   (matmuls + attention)
     bound = B / max(bytes / bandwidth, flops / peak)   tokens/s
+The int8 column reads 1-byte weights and a 2-byte KV cache (float16, the KV dtype of the int8 mode) against the
+int8 peak. With --peers PATH (a bench/peers/run.py JSON), the measured 32-concurrent decode step of each radixgen
+system in it (scheduler counters: forward seconds / decode steps, median over rounds) is set against the
+32-concurrent step's int8 compute time: the share of the int8 compute bound that step reaches.
 Writes bench/results/<stem>.md and <stem>.json, stem `roofline` unless --stem (bench/peers/report.py reads
 the latter).
 """
@@ -44,7 +50,8 @@ def cpu_model() -> str:
                     flags = set(val.split())
     except OSError:
         pass
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    isa = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+           if f in flags]
     return f"{name} ({', '.join(isa) or 'no AVX2'})"
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB = 30, 576, 9, 3, 64, 1536, 49152
@@ -78,13 +85,31 @@ def measure() -> dict:
         t = _median(lambda x=x, w=w: [torch.mm(x, w) for _ in range(100)]) / 100
         res[f"{name}_decode_shape_GFLOPs"] = 2 * 32 * HIDDEN * MLP / t / 1e9
         res[f"{name}_peak_GFLOPs"] = max(res[f"{name}_mm1024_GFLOPs"], res[f"{name}_mm2048_GFLOPs"])
+    res.update(measure_int8())
+    return res
+
+
+INT8_SHAPES = [(1024, 1024, 1024), (2048, 2048, 2048), (32, HIDDEN, MLP), (32, HIDDEN, 2 * MLP),
+               (512, HIDDEN, MLP), (512, HIDDEN, 2 * MLP)]
+
+
+def measure_int8() -> dict:
+    """`torch._int_mm` (int8 [M, K] x int8 [K, N] -> int32; oneDNN, VNNI/AMX where the CPU has them) in GOP/s."""
+    res = {}
+    for m, k, n in INT8_SHAPES:
+        a = torch.randint(-127, 128, (m, k), dtype=torch.int8)
+        b = torch.randint(-127, 128, (k, n), dtype=torch.int8)
+        reps = max(1, int(2e9 // (2 * m * k * n)))  # ~2 GOP per timed call: small shapes repeat
+        t = _median(lambda a=a, b=b, reps=reps: [torch._int_mm(a, b) for _ in range(reps)]) / reps
+        res[f"int8_{m}x{k}x{n}_GOPs"] = 2 * m * k * n / t / 1e9
+    res["int8_peak_GFLOPs"] = max(res[f"int8_{m}x{k}x{n}_GOPs"] for m, k, n in INT8_SHAPES)
     return res
 
 
 def bound(m: dict, dtype: str, batch: int, ctx: int) -> dict:
     """Tokens/s bound of a decode step (batch requests, ctx tokens of context each) and which roof binds."""
-    w = 4 if dtype == "fp32" else 2
-    kv = batch * ctx * LAYERS * 2 * KV_HEADS * HEAD_DIM * w
+    w = {"fp32": 4, "bf16": 2, "int8": 1}[dtype]
+    kv = batch * ctx * LAYERS * 2 * KV_HEADS * HEAD_DIM * max(w, 2)
     nbytes = PARAMS * w + kv
     flops = batch * (2 * PARAMS + LAYERS * 4 * ctx * HEADS * HEAD_DIM)
     t_mem, t_flop = nbytes / (m["read_GBps"] * 1e9), flops / (m[f"{dtype}_peak_GFLOPs"] * 1e9)
@@ -93,6 +118,8 @@ def bound(m: dict, dtype: str, batch: int, ctx: int) -> dict:
         "bound": "memory" if t_mem >= t_flop else "compute",
         "bytes_per_step_MB": nbytes / 1e6,
         "gflop_per_step": flops / 1e9,
+        "step_ms": 1e3 * max(t_mem, t_flop),
+        "compute_ms": 1e3 * t_flop,
     }
 
 
@@ -131,19 +158,57 @@ def markdown(m: dict, threads: int) -> str:
             f"| {name} mm at the decode shape 32x576 @ 576x1536 | "
             f"{m[f'{name}_decode_shape_GFLOPs']:.0f} GFLOP/s |"
         )
+    for m_, k, n in INT8_SHAPES:
+        lines.append(f"| int8 `_int_mm` {m_}x{k} @ {k}x{n} | {m[f'int8_{m_}x{k}x{n}_GOPs']:.0f} GOP/s |")
     lines += [
         "",
         f"Model: {PARAMS / 1e6:.1f} M parameters read per decode step (the tied embedding as the lm_head).",
         "",
-        "| decode case | fp32 bound tok/s | bf16 bound tok/s | binding roof (bf16) |",
-        "|---|---:|---:|---|",
+        "| decode case | fp32 bound tok/s | bf16 bound tok/s | int8 bound tok/s | binding roof (bf16 / int8) |",
+        "|---|---:|---:|---:|---|",
     ]
     for label, b, ctx in CASES:
-        f, h = bound(m, "fp32", b, ctx), bound(m, "bf16", b, ctx)
-        lines.append(f"| {label} | {f['tok_s']:.0f} | {h['tok_s']:.0f} | {h['bound']} |")
+        f, h, q = bound(m, "fp32", b, ctx), bound(m, "bf16", b, ctx), bound(m, "int8", b, ctx)
+        lines.append(f"| {label} | {f['tok_s']:.0f} | {h['tok_s']:.0f} | {q['tok_s']:.0f} | "
+                     f"{h['bound']} / {q['bound']} |")
     lines.append(
-        f"| prefill (compute) | {prefill_bound(m, 'fp32'):.0f} | {prefill_bound(m, 'bf16'):.0f} | compute |"
+        f"| prefill (compute) | {prefill_bound(m, 'fp32'):.0f} | {prefill_bound(m, 'bf16'):.0f} | "
+        f"{prefill_bound(m, 'int8'):.0f} | compute |"
     )
+    return "\n".join(lines) + "\n"
+
+
+def c32_step_share(m: dict, peers_path: str) -> list[dict]:
+    """Per radixgen system in a bench/peers/run.py JSON: its measured c32 decode step (forward seconds per timed
+    decode step, median over rounds) against the int8 compute time of a 32-row step at 148 tokens of context."""
+    with open(peers_path) as f:
+        doc = json.load(f)
+    ideal = bound(m, "int8", 32, 148)
+    out = []
+    for name in doc["systems"]:
+        steps = [r["sched"] for r in doc["runs"]
+                 if r["system"] == name and r["workload"] == "c32" and r.get("sched", {}).get("decode_steps_timed")]
+        if not steps:
+            continue
+        ms = statistics.median(1e3 * s["decode_forward_s_total"] / s["decode_steps_timed"] for s in steps)
+        out.append({"system": name, "step_ms": ms, "int8_compute_ms": ideal["compute_ms"],
+                    "int8_bound_ms": ideal["step_ms"], "share": ideal["compute_ms"] / ms, "rounds": len(steps)})
+    return out
+
+
+def share_markdown(rows: list[dict], peers_path: str) -> str:
+    lines = [
+        "",
+        f"32-concurrent decode step against the int8 compute bound (`--peers {os.path.relpath(peers_path, ROOT)}`; "
+        "measured: scheduler forward seconds / timed decode steps in the c32 workload, median over rounds; "
+        "bound: 32 rows x 148 tokens of context at the int8 peak):",
+        "",
+        "| system | measured step ms | int8 compute ms | int8 bound ms (max of memory, compute) | share of int8 compute bound |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['system']} | {r['step_ms']:.1f} | {r['int8_compute_ms']:.1f} | {r['int8_bound_ms']:.1f} | "
+                     f"{100 * r['share']:.0f} % |")
     return "\n".join(lines) + "\n"
 
 
@@ -153,14 +218,19 @@ def main() -> None:
     ap.add_argument("--write-results", action="store_true")
     ap.add_argument("--stem", default="roofline",
                     help="results file names: bench/results/<stem>.md and .json (one per machine kind)")
+    ap.add_argument("--peers", default=None,
+                    help="a bench/peers/run.py JSON: set its radixgen systems' c32 decode step against the int8 bound")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     m = measure()
     md = markdown(m, args.threads)
+    shares = c32_step_share(m, args.peers) if args.peers else []
+    if shares:
+        md += share_markdown(shares, args.peers)
     print(md)
     if args.write_results:
         with open(os.path.join(RESULTS, args.stem + ".json"), "w") as f:
-            json.dump({"threads": args.threads, "cpu": cpu_model(), **m}, f, indent=1)
+            json.dump({"threads": args.threads, "cpu": cpu_model(), **m, "c32_step_share": shares}, f, indent=1)
         with open(os.path.join(RESULTS, args.stem + ".md"), "w") as f:
             f.write(md)
 
