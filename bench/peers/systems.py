@@ -219,7 +219,7 @@ def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
                 exe,
                 "serve",
                 "--compile-mode",  # measure the compiled steady state: ready once every bucket is loaded
-                "sync",
+                os.environ.get("RADIXGEN_COMPILE_MODE", "sync"),  # off: eager (where compiling cannot fit)
                 "--model-path",
                 gguf,
                 "--host",
