@@ -163,9 +163,11 @@ def test_w8a8_int8_serves_smollm(smollm_path, hf_smollm) -> None:
     # int8 codes round the file's 4-bit values (times the smoothing factors): within half a step per element
     err = (w.dequantize() - w.small.dequantize()).abs()
     assert (err <= (w.sw[:, None] / 2) * w.inv_s[None, :] + 1e-6).all()
-    prompt = _paris_prompt(hf_smollm)
+    # the chat prompt's first token is a near tie ('The' vs 'La': 0.2 nats apart under the weight-only kernels,
+    # 0.001 under int8), so the int8 batch continues a sentence whose answer leads by 2.5 nats under both
+    prompt = hf_smollm[1].encode("The capital of France is")
     outs = greedy_generate(runner, [prompt] * 9, 12, runner.eos_token_ids)
-    assert all("Paris" in hf_smollm[1].decode(o) for o in outs)
+    assert all(hf_smollm[1].decode(o).startswith(" Paris") for o in outs)
     assert all(o == outs[0] for o in outs)  # rows are batch-invariant under int8
     alone = greedy_generate(runner, [prompt[-1:]], 1)  # one row: the weight-only kernels
     assert len(alone[0]) == 1
