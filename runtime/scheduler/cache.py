@@ -74,17 +74,22 @@ class KVManager:
         req.row = row
         req.cached_len = req.tree_len = 0
         req.last_node = None
-        if self.tree is not None:
-            ids = req.fill_ids[: req.match_cap()]
-            if ids:
-                m = self.tree.match_prefix(ids)
-                self.tree.lock(m.last_node)
-                req.last_node = m.last_node
-                req.cached_len = req.tree_len = m.length
-                self.table.write(row, 0, m.slots)
-                if self.hicache is not None:
-                    self._load_back(req, ids, m.length)
+        ids = req.fill_ids[: req.match_cap()]
+        if self.tree is not None and ids:
+            self._take_match(req, row, ids)
         return True
+
+    def _take_match(self, req: Req, row: int, ids: list[int]) -> None:
+        """Lock the longest cached prefix of ids (req's first tokens) in the tree, count the query, and write its
+        slots into req's table row."""
+        assert self.tree is not None
+        m = self.tree.match_prefix(ids)
+        self.tree.lock(m.last_node)
+        req.last_node = m.last_node
+        req.cached_len = req.tree_len = m.length
+        self.table.write(row, 0, m.slots)
+        if self.hicache is not None:
+            self._load_back(req, ids, m.length)
 
     def _load_back(self, req: Req, ids: list[int], matched: int) -> None:
         """Continue req's locked match with KV from the tier: fresh slots (evicting if needed; the match is

@@ -106,23 +106,21 @@ class SWAKVManager(KVManager):
         return self._exact_len(ids)[0] if ids else 0
 
     def admit(self, req: Req) -> bool:
-        row = self.table.alloc_row()
-        if row is None:
+        if not super().admit(req):
             return False
-        req.row = row
-        req.cached_len = req.tree_len = 0
-        req.last_node = None
         self._live[id(req)], self._slid[id(req)] = req, 0
-        ids = req.fill_ids[: req.match_cap()]
-        if self.tree is not None and ids:
-            n, _ = self._exact_len(ids)
-            m = self.tree.match_prefix(ids[:n], record=False)  # ends exactly at n (splits the edge there)
-            st = self.tree.hit_stats
-            st.queries, st.query_tokens, st.hit_tokens = st.queries + 1, st.query_tokens + len(ids), st.hit_tokens + n
-            req.cached_len = req.tree_len = m.length
-            self._move_lock(req, m.last_node, m.length)
-            self.table.write(row, 0, m.slots)
         return True
+
+    def _take_match(self, req: Req, row: int, ids: list[int]) -> None:
+        """The match cut back to its exact length n (module docstring), locked and written to req's row."""
+        assert self.tree is not None
+        n, _ = self._exact_len(ids)
+        m = self.tree.match_prefix(ids[:n], record=False)  # ends exactly at n (splits the edge there)
+        st = self.tree.hit_stats
+        st.queries, st.query_tokens, st.hit_tokens = st.queries + 1, st.query_tokens + len(ids), st.hit_tokens + n
+        req.cached_len = req.tree_len = m.length
+        self._move_lock(req, m.last_node, m.length)
+        self.table.write(row, 0, m.slots)
 
     # ---- allocation ---------------------------------------------------------------------------------------------
     def alloc(self, n: int) -> torch.Tensor | None:
