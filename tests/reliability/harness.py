@@ -1,13 +1,18 @@
-"""Shared helpers for the reliability battery: the scheduler's idle KV invariant read over HTTP.
+"""Shared helpers for the reliability battery: the scheduler's idle KV invariant read over HTTP, and a child
+process killed to check that the whole tree goes down.
 
 Servers are started with `tests.server.harness.ServerProc` (free port on 127.0.0.1, whole tree stopped).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import httpx
+
+from tests.server.harness import ServerProc, alive, descendants
 
 
 def internal(c: httpx.Client) -> dict:
@@ -33,3 +38,28 @@ def wait_idle(c: httpx.Client, timeout: float = 10.0) -> dict:
         time.sleep(0.05)
     assert idle_and_no_leak(st), st
     return st
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def sigkill_child_stops_tree(server: ServerProc, comm: str) -> None:
+    """SIGKILL the one child named `comm` (e.g. rg-scheduler); the server exits with status 1 within 5 s and no
+    process of its tree outlives it by more than 3 s."""
+    tree = descendants(server.proc.pid)
+    child = [p for p in tree if _comm(p) == comm]
+    assert len(child) == 1, child
+    t0 = time.monotonic()
+    os.kill(child[0], signal.SIGKILL)
+    server.proc.wait(5)
+    assert time.monotonic() - t0 < 5
+    assert server.proc.returncode == 1
+    deadline = time.monotonic() + 3
+    while any(alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p for p in tree if alive(p)] == []

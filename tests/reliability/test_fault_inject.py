@@ -12,15 +12,12 @@ Last, SIGKILL of that real scheduler stops the whole server, exit code 1, within
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import time
 
 import httpx
 import pytest
 
-from tests.reliability.harness import wait_idle
-from tests.server.harness import ServerProc, alive, descendants
+from tests.reliability.harness import sigkill_child_stops_tree, wait_idle
+from tests.server.harness import ServerProc
 
 AT_TOKEN = 3
 PROMPTS = [
@@ -87,23 +84,4 @@ def test_injected_fault_fails_only_that_request(server):
 
 def test_last_scheduler_sigkill_stops_server_within_5s(server):
     """Must stay last: it ends the module's server."""
-    tree = descendants(server.proc.pid)
-    sched = [p for p in tree if _comm(p) == "rg-scheduler"]
-    assert len(sched) == 1
-    t0 = time.monotonic()
-    os.kill(sched[0], signal.SIGKILL)
-    server.proc.wait(5)
-    assert time.monotonic() - t0 < 5
-    assert server.proc.returncode == 1
-    deadline = time.monotonic() + 3
-    while any(alive(p) for p in tree) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [p for p in tree if alive(p)]
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
+    sigkill_child_stops_tree(server, "rg-scheduler")

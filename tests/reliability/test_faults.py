@@ -5,15 +5,12 @@ tests/reliability/test_fault_inject.py and tests/server/test_supervision.py)."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import time
 
 import httpx
 import pytest
 
-from tests.reliability.harness import internal, wait_idle
-from tests.server.harness import ServerProc, alive, descendants
+from tests.reliability.harness import internal, sigkill_child_stops_tree, wait_idle
+from tests.server.harness import ServerProc
 
 POOL = 512
 MAX_NEW = 16
@@ -75,24 +72,5 @@ def test_retraction_storm_keeps_outputs(server):
 
 def test_last_detokenizer_sigkill_stops_tree_within_5s(server):
     """Must stay last: it ends the module's server."""
-    tree = descendants(server.proc.pid)
-    detok = [p for p in tree if _comm(p) == "rg-detokenizer"]
-    assert len(detok) == 1
-    t0 = time.monotonic()
-    os.kill(detok[0], signal.SIGKILL)
-    server.proc.wait(5)
-    assert time.monotonic() - t0 < 5
-    assert server.proc.returncode == 1
+    sigkill_child_stops_tree(server, "rg-detokenizer")
     assert "the detokenizer process was killed by signal SIGKILL" in server.output
-    deadline = time.monotonic() + 3
-    while any(alive(p) for p in tree) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert [p for p in tree if alive(p)] == []
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
