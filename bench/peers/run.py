@@ -200,7 +200,13 @@ def main() -> None:
     )
     ap.add_argument("--rag-questions", type=int, default=32)
     ap.add_argument("--base-port", type=int, default=34100)
-    ap.add_argument("--gguf", default=None)
+    ap.add_argument("--gguf", default=None, help="the model every system serves (default: SmolLM2's package)")
+    ap.add_argument("--hf-dir", default=None,
+                    help="vllm's safetensors conversion of --gguf (convert_gguf.py; default: setup.sh's SmolLM2 one)")
+    ap.add_argument("--chat-template", default=None,
+                    help="one chat template for every server: a jinja file or a radixgen built-in name (`gemma`)")
+    ap.add_argument("--first-round", type=int, default=1,
+                    help="number (and seed) of the first round: one round per call continues a split benchmark")
     ap.add_argument(
         "--hf-rag-questions",
         type=int,
@@ -211,12 +217,15 @@ def main() -> None:
     args = ap.parse_args()
     names, loads = args.systems.split(","), args.workloads.split(",")
     once = [w for w in args.once.split(",") if w and w not in loads]
-    systems = make_systems(names, args.base_port, args.gguf or default_gguf())
+    gguf = args.gguf or default_gguf()
+    systems = make_systems(names, args.base_port, gguf, args.hf_dir, args.chat_template)
     doc = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "machine": describe(),
         "rounds": args.rounds,
         "command": " ".join(sys.argv),
+        "gguf": gguf,
+        "chat_template": args.chat_template,
         "systems": {},
         "runs": [],
     }
@@ -229,7 +238,7 @@ def main() -> None:
             print(
                 f"[peers] {s.name} ready: {s.version} (start {getattr(s, 'start_s', 0.0):.0f} s)", flush=True
             )
-        for r in range(args.rounds):
+        for r in range(args.first_round - 1, args.first_round - 1 + args.rounds):
             for w in loads + (once if r == 0 else []):
                 for s in systems:
                     settled = settle()

