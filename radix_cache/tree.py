@@ -109,6 +109,13 @@ class RadixCache:
         # Called with each leaf `evict` is about to free, while it is still attached (so `path(leaf)` works):
         # the hierarchical cache copies its KV to the second tier there. Must not change the tree.
         self.on_evict: Callable[[TreeNode], None] | None = None
+        # Node events for state kept beside the tree (radix_cache/swa.py's counters); none may change the tree.
+        # on_attach(leaf): insert created leaf. on_split(upper, lower): _split cut lower's edge, upper is new.
+        # on_detach(leaf): evict is about to free leaf (after on_evict). on_reset(): reset dropped every node.
+        self.on_attach: Callable[[TreeNode], None] | None = None
+        self.on_split: Callable[[TreeNode, TreeNode], None] | None = None
+        self.on_detach: Callable[[TreeNode], None] | None = None
+        self.on_reset: Callable[[], None] | None = None
         self.hit_stats = HitStats()
         self._clock = 0
         self.root = TreeNode([], _EMPTY, None, 0)
@@ -196,6 +203,8 @@ class RadixCache:
                 leaf = TreeNode(list(token_ids[pos:end]), slots[pos:end].to(torch.int64).clone(), node, now)
                 node.children[ck] = leaf
                 self._evictable += end - pos
+                if self.on_attach is not None:
+                    self.on_attach(leaf)
                 node = leaf
                 break
             n = self._common_len(child.key, token_ids, pos, end)
@@ -221,6 +230,8 @@ class RadixCache:
         child.key, child.value = child.key[n:], child.value[n:]
         child.parent = upper
         upper.children[self.child_key(child.key)] = child
+        if self.on_split is not None:
+            self.on_split(upper, child)
         return upper
 
     def _touch_path(self, node: TreeNode | None, now: int) -> None:
@@ -266,6 +277,8 @@ class RadixCache:
             _, _, leaf = heapq.heappop(heap)
             if self.on_evict is not None:
                 self.on_evict(leaf)
+            if self.on_detach is not None:
+                self.on_detach(leaf)
             parent = _parent(leaf)
             del parent.children[self.child_key(leaf.key)]
             leaf.parent = None
@@ -291,6 +304,8 @@ class RadixCache:
         self.root = TreeNode([], _EMPTY, None, 0)
         self._evictable = 0
         self._locked = 0
+        if self.on_reset is not None:
+            self.on_reset()
 
     # ---- sizes / inspection -------------------------------------------------------------------------------------
     def evictable_size(self) -> int:

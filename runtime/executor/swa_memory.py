@@ -92,15 +92,18 @@ class SWASlotAllocator(SlotAllocator):
         """bool [n]: which of the full slots `slots` still have their SWA K/V."""
         return self.host[slots.to(torch.int64)] >= 0
 
-    def adopt_swa(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+    def adopt_swa(self, src: torch.Tensor, dst: torch.Tensor) -> int:
         """Where dst[i] has no SWA slot and src[i] has one, move src[i]'s SWA slot to dst[i] (both hold the same
-        token's K/V: a request's duplicate of a tree slot whose sliding-layer K/V had been freed)."""
+        token's K/V: a request's duplicate of a tree slot whose sliding-layer K/V had been freed); returns how
+        many moved."""
         src, dst = src.to(torch.int64), dst.to(torch.int64)
         move = (self.host[dst] < 0) & (self.host[src] >= 0)
-        if bool(move.any()):
+        moved = int(move.sum())
+        if moved:
             s, d = src[move], dst[move]
             self._set(d, self.host[s].clone())
             self._set(s, torch.full((s.numel(),), -1, dtype=torch.int64))
+        return moved
 
     def swa_available(self) -> int:
         return self.swa.available()

@@ -161,7 +161,8 @@ class KVManager:
         already = self.tree.insert(ids, slots)
         m = self.tree.match_prefix(ids, record=False)
         if already > req.tree_len:
-            self._drop_duplicates(slots[req.tree_len : already], m.slots[req.tree_len : already])
+            self._drop_duplicates(slots[req.tree_len : already], m.slots[req.tree_len : already], m.last_node,
+                                  m.length - req.tree_len)
         self.table.write(req.row_index, 0, m.slots)
         self._move_lock(req, m.last_node, m.length)
         req.tree_len = m.length
@@ -222,8 +223,9 @@ class KVManager:
             self.tree.unlock(req.last_node)
         req.last_node = None
 
-    def _drop_duplicates(self, own: torch.Tensor, canonical: torch.Tensor) -> None:
-        """req computed its own copies (`own`) of tokens the tree already holds (`canonical`): free them."""
+    def _drop_duplicates(self, own: torch.Tensor, canonical: torch.Tensor, node: TreeNode, span: int) -> None:
+        """req computed its own copies (`own`) of tokens the tree already holds (`canonical`, among the last
+        `span` tokens of the path root -> node): free them."""
         self.allocator.free(own)
 
     def pool_state(self) -> dict[str, int]:

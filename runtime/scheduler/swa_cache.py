@@ -180,8 +180,9 @@ class SWAKVManager(KVManager):
             self.swa.swa_unlock(*held)
         super()._drop_lock(req)
 
-    def _drop_duplicates(self, own: torch.Tensor, canonical: torch.Tensor) -> None:
-        self.swa_alloc.adopt_swa(own, canonical)
+    def _drop_duplicates(self, own: torch.Tensor, canonical: torch.Tensor, node: TreeNode, span: int) -> None:
+        if self.swa_alloc.adopt_swa(own, canonical) and self.swa is not None:
+            self.swa.recount(node, span)  # tree slots gained sliding-layer K/V
         self.allocator.free(own)
 
     def release(self, req: Req) -> None:

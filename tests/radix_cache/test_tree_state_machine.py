@@ -4,6 +4,11 @@ Model: `cached` maps every cached page-aligned token prefix (a tuple) to the KV 
 trie is closed under page-aligned prefixes, so the longest match and the already-present length follow. A
 slot pool of POOL slots checks accounting: every slot is either free or held by exactly one cached prefix,
 and `free_slots` never receives a slot twice or a slot of a locked path.
+
+RadixModelSWA adds the sliding-window state (radix_cache/swa.py) over a fake second pool (the set of slots
+whose sliding-layer K/V is present): sliding-window locks on fully locked paths, tombstones, K/V coming back
+to tree slots (`recount`); after every step its counters must equal a full walk (`SWAState.check`) and the
+model's own count of present tree slots.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from radix_cache import RadixCache
+from radix_cache.swa import SWAState
 
 POOL = 64
 tokens = st.lists(st.integers(0, 2), min_size=0, max_size=8)
@@ -145,9 +151,70 @@ class RadixModelPaged(RadixModel):
     page_size = 2
 
 
+class RadixModelSWA(RadixModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.has_swa: set[int] = set(range(POOL))  # slots whose sliding-layer K/V is present
+        self.swa = SWAState(self.cache, 3, self._present, self._free_swa)
+        self.swa_locks: list[tuple[object, int, int]] = []  # (node, covered, index of its full lock)
+
+    def _present(self, slots: torch.Tensor) -> torch.Tensor:
+        return torch.tensor([s in self.has_swa for s in slots.tolist()], dtype=torch.bool)
+
+    def _free_swa(self, slots: torch.Tensor) -> int:
+        gone = self.has_swa & set(slots.tolist())
+        self.has_swa -= gone
+        return len(gone)
+
+    def _on_free(self, slots: torch.Tensor) -> None:
+        super()._on_free(slots)
+        self.has_swa |= set(slots.tolist())  # a freed slot comes back with both kinds of K/V
+
+    @precondition(lambda self: len(self.swa_locks) < len(self.locks))
+    @rule(i=st.integers(0, 100), span=st.integers(1, 8))
+    def swa_lock(self, i: int, span: int) -> None:
+        """At most one sliding-window lock per full lock (as the scheduler: swa_lock_ref <= lock_ref)."""
+        free = sorted(set(range(len(self.locks))) - {k for _, _, k in self.swa_locks})
+        k = free[i % len(free)]
+        node = self.locks[k][0]
+        self.swa_locks.append((node, self.swa.swa_lock(node, span), k))
+
+    @precondition(lambda self: self.swa_locks)
+    @rule(i=st.integers(0, 100))
+    def swa_unlock(self, i: int) -> None:
+        node, covered, _ = self.swa_locks.pop(i % len(self.swa_locks))
+        self.swa.swa_unlock(node, covered)
+
+    @precondition(lambda self: self.locks and not self.swa_locks)  # no full unlock under a sliding-window lock
+    @rule(i=st.integers(0, 100))
+    def unlock(self, i: int) -> None:
+        super().unlock(i)
+
+    @rule(n=st.integers(0, 20))
+    def tombstone(self, n: int) -> None:
+        before = self.swa.sizes()
+        freed = self.swa.tombstone(n)
+        assert freed >= n or self.swa.sizes()[0] == 0
+        assert self.swa.sizes() == (before[0] - freed, before[1])
+
+    @rule(ids=tokens)
+    def heal(self, ids: list[int]) -> None:
+        m = self.cache.match_prefix(ids)
+        self.has_swa |= set(m.slots.tolist())
+        self.swa.recount(m.last_node, m.length)
+
+    @invariant()
+    def swa_counters(self) -> None:
+        self.swa.check()
+        held = set(self.cache.all_slots().tolist())
+        assert sum(self.swa.sizes()) == len(held & self.has_swa)
+
+
 SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 TestRadixModel = RadixModel.TestCase
 TestRadixModel.settings = SETTINGS
 TestRadixModelPaged = RadixModelPaged.TestCase
 TestRadixModelPaged.settings = SETTINGS
+TestRadixModelSWA = RadixModelSWA.TestCase
+TestRadixModelSWA.settings = SETTINGS
