@@ -111,6 +111,12 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   return active().q8_linear(x, codes, d);
 }
 bool q_gemv_native() { return active().q_gemv_native(); }
+at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& wp, const at::Tensor& colsum, const at::Tensor& sw,
+                       const std::optional<at::Tensor>& inv_s, const std::optional<at::Tensor>& fidx,
+                       const std::optional<at::Tensor>& wf) {
+  return active().w8a8_linear(x, wp, colsum, sw, inv_s, fidx, wf);
+}
+bool w8a8_native() { return active().w8a8_native(); }
 std::tuple<at::Tensor, at::Tensor> add_rmsnorm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                                                const at::Tensor& weight, double eps) {
   return active().add_rmsnorm(x, residual, weight, eps);
@@ -142,12 +148,16 @@ TORCH_LIBRARY(radixgen, m) {
   m.def("linear_panels(Tensor x, Tensor panels) -> Tensor");
   m.def("q4_linear(Tensor x, Tensor qs, Tensor dm) -> Tensor");
   m.def("q8_linear(Tensor x, Tensor codes, Tensor d) -> Tensor");
+  m.def(
+      "w8a8_linear(Tensor x, Tensor wp, Tensor colsum, Tensor sw, Tensor? inv_s, Tensor? fidx, Tensor? wf) "
+      "-> Tensor");
   // Not tensor ops: catch-all kernels that run with any (or no) tensors around.
   m.def("bf16_attn_gemm(str mode) -> str", &radixgen_cpu::bf16_attn_gemm);
   m.def("cpu_isa(str mode) -> str", &radixgen_cpu::cpu_isa);
   m.def("cpu_isas() -> str[]", &radixgen_cpu::cpu_isas);
   m.def("panels_native() -> bool", &radixgen_cpu::panels_native);
   m.def("q_gemv_native() -> bool", &radixgen_cpu::q_gemv_native);
+  m.def("w8a8_native() -> bool", &radixgen_cpu::w8a8_native);
 }
 
 TORCH_LIBRARY_IMPL(radixgen, CPU, m) {
@@ -160,4 +170,5 @@ TORCH_LIBRARY_IMPL(radixgen, CPU, m) {
   m.impl("linear_panels", &radixgen_cpu::linear_panels);
   m.impl("q4_linear", &radixgen_cpu::q4_linear);
   m.impl("q8_linear", &radixgen_cpu::q8_linear);
+  m.impl("w8a8_linear", &radixgen_cpu::w8a8_linear);
 }

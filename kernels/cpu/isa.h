@@ -1,5 +1,6 @@
 // The per-ISA layout of the native CPU ops: every op-family source (attention_decode.cpp, attention_extend.cpp,
-// linear.cpp, quant_gemv.cpp, elementwise.cpp, isa_table.cpp) is compiled once per instruction-set variant this
+// linear.cpp, quant_gemv.cpp, w8a8_linear.cpp, elementwise.cpp,
+// isa_table.cpp) is compiled once per instruction-set variant this
 // CPU can run (kernels/cpu/build.py), with -DRADIXGEN_ISA=<variant> and that variant's -m flags:
 //   avx512   : x86-64-v4 (AVX-512 F/BW/DQ/VL, plus AVX-512-BF16 / VNNI where the CPU has them)
 //   avx2     : x86-64-v3 (AVX2, FMA, F16C)
@@ -44,6 +45,10 @@ struct Kernels {
   at::Tensor (*q4_linear)(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& dm);
   at::Tensor (*q8_linear)(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d);
   bool (*q_gemv_native)();  // the block linears run a vector kernel (not the portable twin)
+  at::Tensor (*w8a8_linear)(const at::Tensor& x, const at::Tensor& wp, const at::Tensor& colsum, const at::Tensor& sw,
+                            const std::optional<at::Tensor>& inv_s, const std::optional<at::Tensor>& fidx,
+                            const std::optional<at::Tensor>& wf);
+  bool (*w8a8_native)();  // w8a8_linear runs a vector kernel (not the portable twin)
   std::tuple<at::Tensor, at::Tensor> (*add_rmsnorm)(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                                                    const at::Tensor& weight, double eps);
   at::Tensor (*rope)(const at::Tensor& x, const at::Tensor& cos_sin, const at::Tensor& positions);
@@ -72,6 +77,10 @@ bool panels_native();
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& dm);
 at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d);
 bool q_gemv_native();
+at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& wp, const at::Tensor& colsum, const at::Tensor& sw,
+                       const std::optional<at::Tensor>& inv_s, const std::optional<at::Tensor>& fidx,
+                       const std::optional<at::Tensor>& wf);
+bool w8a8_native();
 std::tuple<at::Tensor, at::Tensor> add_rmsnorm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                                                const at::Tensor& weight, double eps);
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos_sin, const at::Tensor& positions);

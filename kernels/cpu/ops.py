@@ -61,6 +61,10 @@ def load() -> None:
     def _q8_fake(x, codes, d):
         return x.new_empty((x.shape[0], codes.shape[0]))
 
+    @torch.library.register_fake("radixgen::w8a8_linear")
+    def _w8a8_fake(x, wp, colsum, sw, inv_s, fidx, wf):
+        return x.new_empty((x.shape[0], sw.shape[0]))
+
     @torch.library.register_fake("radixgen::attn_extend")
     def _extend_fake(q, k, v, k_cache, v_cache, layer, out_cache_loc, req_to_token, req_pool_indices,
                      prefix_lens, extend_lens, shared_len, scale):
@@ -158,6 +162,39 @@ def q4_linear(x: torch.Tensor, qs: torch.Tensor, dm: torch.Tensor) -> torch.Tens
 def q8_linear(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """x [M, K] float32 @ W^T -> [M, N] float32, W = d * codes: codes int8 [N, K], d float16 [N, K / 32]."""
     return torch.ops.radixgen.q8_linear(x, codes, d)
+
+
+# The fused W8A8 int8 linear of kernels/cpu/w8a8_linear.cpp (contract there; kernels/quant/w8a8.py's twin; load()
+# first).
+
+VNNI_TILE, VNNI_GROUP = 16, 4  # output channels per weight tile, k per group (one vpdpbusd lane)
+
+
+def pack_vnni(wt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 codes wt [K, N] (torch._int_mm's layout) -> (wp int8 [ceil(N / 16), ceil(K / 4), 16, 4], colsum int32
+    [16 ceil(N / 16)]): wp[t, g, j, i] = wt[4 g + i, 16 t + j], zero past K or N; colsum[n] = sum_k wt[k, n]."""
+    if wt.dim() != 2 or wt.dtype != torch.int8:
+        raise ValueError(f"pack_vnni takes int8 codes [K, N], got {wt.dtype} {tuple(wt.shape)}")
+    k, n = wt.shape
+    k4, t = -(-k // VNNI_GROUP), -(-n // VNNI_TILE)
+    padded = torch.zeros(k4 * VNNI_GROUP, t * VNNI_TILE, dtype=torch.int8)
+    padded[:k, :n] = wt
+    wp = padded.reshape(k4, VNNI_GROUP, t, VNNI_TILE).permute(2, 0, 3, 1).contiguous()
+    return wp, padded.sum(0, dtype=torch.int32)
+
+
+def w8a8_linear(x: torch.Tensor, wp: torch.Tensor, colsum: torch.Tensor, sw: torch.Tensor,
+                inv_s: torch.Tensor | None = None, fidx: torch.Tensor | None = None,
+                wf: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] float32 | bfloat16 -> [M, N] in x's dtype: per-token int8 x the packed int8 weight (pack_vnni),
+    dequantized by sx * sw, plus x[:, fidx] @ wf (kernels/cpu/w8a8_linear.cpp)."""
+    return torch.ops.radixgen.w8a8_linear(x, wp, colsum, sw, inv_s, fidx, wf)
+
+
+def w8a8_native() -> bool:
+    """Whether w8a8_linear runs a vector kernel in the variant in effect (else the portable loop)."""
+    load()
+    return bool(torch.ops.radixgen.w8a8_native())
 
 
 def panels_native() -> bool:
