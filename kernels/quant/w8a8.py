@@ -23,6 +23,13 @@ smoothed calibration |x| is largest skip the int8 path: their entries of inv_s a
 leave the token's scale to the other channels) and their weight rows run in float, y += x[:, fidx] @ wf with
 wf float32 [k, N]. The int8 codes are rounded without those columns.
 
+Kernel: where kernels/cpu builds and the CPU has AVX-512 VNNI, a call of int8 rows is one native op
+(kernels/cpu/w8a8_linear.cpp: quantization, the int8 product on codes packed for vpdpbusd at load, `wp` and
+`colsum`, the dequantization and the float channels in one pass; bench/results/int8_linear.md); elsewhere (and as
+the reference, `set_kernel("torch")`) the torch ops above. Both round the same codes and scales and give the same
+bits without float channels (the native float-channel term is a fused multiply-add per channel, addmm's order
+differs by float32 rounding).
+
 Weights come from float weights or any QTensor (a GGUF's 4-bit or Q8_0 blocks): dequantized to float32, then
 rounded to int8 per output channel (`int8_codes`). The 4-bit codes of `small` stay the file's own, so small-batch
 decode reads the same bytes as under --quantization gguf.
@@ -30,9 +37,13 @@ decode reads the same bytes as under --quantization gguf.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
+from kernels.cpu import build as cpu_build
+from kernels.cpu import ops as cpu_ops
 from kernels.quant import rtn
 from kernels.quant.weights import QuantWeight
 
@@ -61,6 +72,24 @@ def w8a8_mm(x: torch.Tensor, wt: torch.Tensor, sw: torch.Tensor, inv_s: torch.Te
     return torch._int_mm(q, wt) * sx * sw
 
 
+@functools.cache
+def native_unavailable_reason() -> str:
+    """Why W8A8 calls cannot run the native op here ("" when they can); builds kernels/cpu on first call. Native
+    needs AVX-512 VNNI (the kernel measured against oneDNN; its AVX2 path is tested, not measured, so AVX2-only
+    CPUs keep torch._int_mm)."""
+    if "avx512_vnni" not in cpu_build.cpu_flags().split():
+        return "the CPU lacks avx512_vnni"
+    try:
+        if not cpu_ops.w8a8_native():
+            return "kernels/cpu was built without its vector w8a8 kernel"
+    except Exception as e:  # noqa: BLE001 - no toolchain: the torch twin runs instead
+        return f"kernels/cpu did not build: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    return ""
+
+
+KERNELS = ("native", "torch")
+
+
 class W8A8Weight(QuantWeight):
     """int8 weight per output channel run with per-token int8 activations from `min_rows` rows on; fewer rows
     run `small` (or the int8 path too when `small` is None). forward(x [..., K]) -> [..., N] in x's dtype."""
@@ -70,6 +99,8 @@ class W8A8Weight(QuantWeight):
     inv_s: torch.Tensor | None
     fidx: torch.Tensor | None
     wf: torch.Tensor | None
+    wp: torch.Tensor | None  # the native op's packed codes and their column sums (kernels.cpu.ops.pack_vnni)
+    colsum: torch.Tensor | None
 
     def __init__(self, w: torch.Tensor, small: QuantWeight | None, min_rows: int) -> None:
         """w: the float weight [N, K] to round (a QTensor's dequantization, or a checkpoint's float weight)."""
@@ -85,8 +116,12 @@ class W8A8Weight(QuantWeight):
             raise ValueError(f"small kernel is {small.out_features}x{small.in_features}, weight {n}x{k}")
         self.out_features, self.in_features = n, k
         codes, scale = int8_codes(w)
+        self.kernel = "torch" if native_unavailable_reason() else "native"
         self.register_buffer("wt", codes.t().contiguous())  # [K, N]
         self.register_buffer("sw", scale)  # [N]
+        self.register_buffer("wp", None)
+        self.register_buffer("colsum", None)
+        self._pack()
         self.register_buffer("inv_s", None)  # [K] after smooth()
         self.register_buffer("fidx", None)  # int64 [k]: input channels run in float (smooth(float_channels=k))
         self.register_buffer("wf", None)  # float32 [k, N]: their weight rows
@@ -95,6 +130,19 @@ class W8A8Weight(QuantWeight):
         self.min_rows = min_rows
         self.observing = False
         self.amax: torch.Tensor | None = None  # [K] while observing: the largest |x| per input channel seen
+
+    def _pack(self) -> None:
+        """(Re)pack wt for the native op; the torch kernel keeps no packed copy."""
+        self.wp, self.colsum = cpu_ops.pack_vnni(self.wt) if self.kernel == "native" else (None, None)
+
+    def set_kernel(self, kernel: str) -> None:
+        """"native" (kernels/cpu's fused op; raises where it cannot run) or "torch" (the torch ops, the reference)."""
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown w8a8 kernel {kernel!r} ({', '.join(KERNELS)})")
+        if kernel == "native" and native_unavailable_reason():
+            raise RuntimeError(f"the native w8a8 kernel cannot run here: {native_unavailable_reason()}")
+        self.kernel = kernel
+        self._pack()
 
     def observe(self, on: bool) -> None:
         """While on, every call records max |x| per input channel and runs the exact path (`small`, else a float
@@ -123,6 +171,7 @@ class W8A8Weight(QuantWeight):
             self.fidx, self.wf = fidx, w[:, fidx].t().contiguous()
         codes, scale = int8_codes(w * s * (inv_s > 0))
         self.wt, self.sw = codes.t().contiguous(), scale
+        self._pack()
         self.inv_s = None if alpha == 0 and not float_channels else inv_s.contiguous()
 
     def dequantize(self) -> torch.Tensor:
@@ -149,6 +198,9 @@ class W8A8Weight(QuantWeight):
         if not self.uses_int8(x.shape[0]):
             assert self.small is not None  # uses_int8 is True without a small kernel
             return self.small(x)
+        if self.kernel == "native" and x.dtype in (torch.float32, torch.bfloat16):
+            assert self.wp is not None and self.colsum is not None  # packed while the kernel is native
+            return cpu_ops.w8a8_linear(x, self.wp, self.colsum, self.sw, self.inv_s, self.fidx, self.wf)
         y = w8a8_mm(x, self.wt, self.sw, self.inv_s)
         if self.fidx is not None and self.wf is not None:
             y = torch.addmm(y, x[:, self.fidx].float(), self.wf)
@@ -201,5 +253,7 @@ def describe_plan(model: nn.Module, names: tuple[str, ...]) -> str:
                 plans[name] = (f"{name} {small}rows >= {w.min_rows if w.small is not None else 1}: "
                                f"int8 x int8 -> int32{extra}")
     isa = int8_isa()
-    return (f"int8 arithmetic ({isa} via oneDNN torch._int_mm; activations per token): "
+    how = ("kernels/cpu w8a8_linear, one fused call" if not native_unavailable_reason()
+           else "oneDNN torch._int_mm")
+    return (f"int8 arithmetic ({isa} via {how}; activations per token): "
             + "; ".join(plans[n] for n in names if n in plans))
