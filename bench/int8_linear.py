@@ -7,6 +7,8 @@ Candidates, each y = x @ W^T for float32 x [M, K], W [N, K]:
   int_mm eager  per-token absmax quantization of x in torch ops, torch._int_mm (oneDNN int8 GEMM, VNNI/AMX where
                 the CPU has them), y = acc * sx * sw
   int_mm comp.  the same under torch.compile (inductor fuses the quantization and the dequantization passes)
+  int8 fused    kernels/cpu's w8a8_linear: the same per-token quantization, int8 product (vpdpbusd on codes
+                packed at load) and dequantization in one native call (kernels/quant/w8a8.py's native kernel)
   int4 w-only   the small-batch kernel of --quantization gguf on this CPU (4-bit codes, group 32, kernels.quant's
                 CPU layout: torch's int4pack kernel on bfloat16 activations, or kernels/cpu's on AVX2-only CPUs)
   qlinear       torch.ops.onednn.qlinear_pointwise on a prepacked weight; one activation scale per call (oneDNN's
@@ -14,7 +16,7 @@ Candidates, each y = x @ W^T for float32 x [M, K], W [N, K]:
 Per shape and M: microseconds per call (median of alternating rounds, each round --calls back-to-back calls) and
 the effective G(FL)OP/s 2 M N K / t.
 
-    .venv/bin/python bench/int8_linear.py [--rounds 5] [--rows 1,4,...]
+    .venv/bin/python bench/int8_linear.py [--rounds 5] [--rows 1,4,...] [--only "int8 fused,int_mm eager"]
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from machine import cpuinfo, describe  # noqa: E402  (bench/ is the script directory)
 
+from kernels.cpu import ops as cpu_ops  # noqa: E402
 from kernels.quant import quantize, to_kernel  # noqa: E402
 
 INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8", "avx512_bf16", "amx_bf16")
@@ -82,7 +85,9 @@ def candidates(m: int, n: int, k: int, compiled: Callable, qlinear: bool) -> dic
     wt = wq.t().contiguous()
     wb, xb = w.bfloat16(), x.bfloat16()
     w4 = to_kernel(quantize(w, "int4", 32), "cpu")
+    wp, colsum = cpu_ops.pack_vnni(wt)
     out: dict[str, Callable[[], torch.Tensor]] = {
+        "int8 fused": lambda: cpu_ops.w8a8_linear(x, wp, colsum, sw),
         "int4 w-only": lambda: w4(x),
         "fp32 mm": lambda: F.linear(x, w),
         "bf16 mm": lambda: F.linear(xb, wb).float(),
@@ -110,9 +115,11 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--qlinear", action="store_true", help="also time oneDNN's qlinear_pointwise")
+    ap.add_argument("--only", default=None, help="comma-separated candidate names to time (default: all)")
     ap.add_argument("--out", default=None, help="write the markdown table here too")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    cpu_ops.load()
     compiled = torch.compile(w8a8, dynamic=True)
     flags = set(cpuinfo("flags").split())
     isa = ", ".join(f for f in INT8_FLAGS if f in flags) or "none"
@@ -126,6 +133,8 @@ def main() -> None:
         header = None
         for m in (int(r) for r in args.rows.split(",")):
             cands = candidates(m, n, k, compiled, args.qlinear)
+            if args.only:
+                cands = {c: f for c, f in cands.items() if c in args.only.split(",")}
             for fn in cands.values():  # warm-up (and compile for this shape)
                 fn()
                 fn()

@@ -21,6 +21,15 @@ system in it (scheduler counters: forward seconds / decode steps, median over ro
 32-concurrent step's int8 compute time: the share of the int8 compute bound that step reaches.
 Writes bench/results/<stem>.md and <stem>.json, stem `roofline` unless --stem (bench/peers/report.py reads
 the latter).
+
+    python bench/roofline.py --int8-step [--rounds 3] [--bounds bench/results/roofline-avx512.json]
+
+instead times --quantization w8a8_int8 in process (the model runner, eager, no scheduler): the forward of a
+32-concurrent decode step (32 requests of 84 prompt tokens, then 64 decode steps timed one by one: the median
+step) and the prefill of one 1,000-token prompt, with its int8 linears on each kernel of kernels/quant/w8a8.py
+("torch": quantization, torch._int_mm, dequantization as torch ops; "native": kernels/cpu's fused w8a8_linear),
+alternating rounds, medians; the step is set against the int8 compute time of the --bounds JSON (this script's
+own output). Writes bench/results/<stem>.md (stem `int8_step` unless --stem).
 """
 
 from __future__ import annotations
@@ -212,6 +221,82 @@ def share_markdown(rows: list[dict], peers_path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _int8_runner():  # noqa: ANN202 - runtime types stay out of this script's imports until asked for
+    import sys
+
+    sys.path.insert(0, ROOT)
+    from runtime.config import make_config
+    from runtime.executor.model_runner import create_model_runner
+
+    cfg = make_config(quantization="w8a8_int8", disable_compile=True, max_total_tokens=8192,
+                      max_running_requests=40, chunked_prefill_size=-1)
+    return create_model_runner(cfg)
+
+
+def _c32_step_ms(runner, steps: int = 64) -> float:  # noqa: ANN001
+    from runtime.executor.greedy import OfflineBatch
+
+    prompts = [[(i * 31 + b * 977) % 40000 + 100 for i in range(84)] for b in range(32)]
+    batch = OfflineBatch(runner, prompts)
+    try:
+        batch.extend(prompts)
+        nxt = [[1] for _ in range(32)]
+        batch.extend(nxt, is_decode=True)  # warm-up step
+        times = []
+        for _ in range(steps):
+            t = time.perf_counter()
+            batch.extend(nxt, is_decode=True)
+            times.append(time.perf_counter() - t)
+        return 1e3 * statistics.median(times)
+    finally:
+        batch.release()
+
+
+def _prefill_s(runner, n: int = 1000) -> float:  # noqa: ANN001
+    from runtime.executor.greedy import OfflineBatch
+
+    ids = [(i * 7919) % 40000 + 100 for i in range(n)]
+    batch = OfflineBatch(runner, [ids])
+    try:
+        t = time.perf_counter()
+        batch.extend([ids])
+        return time.perf_counter() - t
+    finally:
+        batch.release()
+
+
+def int8_step(threads: int, rounds: int, bounds_path: str) -> str:
+    """The --int8-step table (module doc), markdown."""
+    from kernels.quant.w8a8 import W8A8Weight
+
+    runner = _int8_runner()
+    weights = [w for w in runner.model.modules() if isinstance(w, W8A8Weight)]
+    with open(bounds_path) as f:
+        ideal = bound(json.load(f), "int8", 32, 148)
+    res: dict[str, dict[str, list[float]]] = {k: {"step": [], "prefill": []} for k in ("torch", "native")}
+    for _ in range(rounds):
+        for kernel, r in res.items():
+            for w in weights:
+                w.set_kernel(kernel)
+            _prefill_s(runner, 64)  # warm-up
+            r["step"].append(_c32_step_ms(runner))
+            r["prefill"].append(_prefill_s(runner))
+    lines = ["# --quantization w8a8_int8 in process: 32-concurrent decode step and 1,000-token prefill per int8 kernel",
+             "", f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, torch {torch.__version__}, "
+             f"{threads} threads, eager, {rounds} alternating rounds, medians, on {cpu_model()}. "
+             f"{len(weights)} int8 linears. Command: `python bench/roofline.py --int8-step --rounds {rounds} "
+             f"--bounds {os.path.relpath(bounds_path, ROOT)}`", "",
+             "| int8 kernel | c32 decode step ms (forward, 84 + 64 ctx) | int8 compute ms | share of int8 compute "
+             "bound | 1,000-token prefill s | prefill tok/s |", "|---|---:|---:|---:|---:|---:|"]
+    for kernel, r in res.items():
+        step, pre = statistics.median(r["step"]), statistics.median(r["prefill"])
+        lines.append(f"| {kernel} | {step:.1f} | {ideal['compute_ms']:.1f} | {100 * ideal['compute_ms'] / step:.0f} % "
+                     f"| {pre:.2f} | {1000 / pre:.0f} |")
+    lines += ["", "Raw: " + "; ".join(f"{k} step ms {[round(v, 1) for v in r['step']]}, prefill s "
+                                      f"{[round(v, 2) for v in r['prefill']]}" for k, r in res.items())]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
@@ -220,8 +305,18 @@ def main() -> None:
                     help="results file names: bench/results/<stem>.md and .json (one per machine kind)")
     ap.add_argument("--peers", default=None,
                     help="a bench/peers/run.py JSON: set its radixgen systems' c32 decode step against the int8 bound")
+    ap.add_argument("--int8-step", action="store_true", help="time w8a8_int8's step and prefill per int8 kernel")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--bounds", default=os.path.join(RESULTS, "roofline-avx512.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.int8_step:
+        md = int8_step(args.threads, args.rounds, args.bounds)
+        print(md)
+        if args.write_results:
+            with open(os.path.join(RESULTS, (args.stem if args.stem != "roofline" else "int8_step") + ".md"), "w") as f:
+                f.write(md)
+        return
     m = measure()
     md = markdown(m, args.threads)
     shares = c32_step_share(m, args.peers) if args.peers else []
