@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -222,8 +223,6 @@ def share_markdown(rows: list[dict], peers_path: str) -> str:
 
 
 def _int8_runner():  # noqa: ANN202 - runtime types stay out of this script's imports until asked for
-    import sys
-
     sys.path.insert(0, ROOT)
     from runtime.config import make_config
     from runtime.executor.model_runner import create_model_runner
@@ -284,8 +283,7 @@ def int8_step(threads: int, rounds: int, bounds_path: str) -> str:
     lines = ["# --quantization w8a8_int8 in process: 32-concurrent decode step and 1,000-token prefill per int8 kernel",
              "", f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, torch {torch.__version__}, "
              f"{threads} threads, eager, {rounds} alternating rounds, medians, on {cpu_model()}. "
-             f"{len(weights)} int8 linears. Command: `python bench/roofline.py --int8-step --rounds {rounds} "
-             f"--bounds {os.path.relpath(bounds_path, ROOT)}`", "",
+             f"{len(weights)} int8 linears. Command: `python bench/roofline.py {' '.join(sys.argv[1:])}`", "",
              "| int8 kernel | c32 decode step ms (forward, 84 + 64 ctx) | int8 compute ms | share of int8 compute "
              "bound | 1,000-token prefill s | prefill tok/s |", "|---|---:|---:|---:|---:|---:|"]
     for kernel, r in res.items():
