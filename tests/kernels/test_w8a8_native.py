@@ -139,3 +139,12 @@ def test_compiled_graph_calls_the_op() -> None:
     x = torch.randn(8, 64)
     fn = torch.compile(lambda t: w(t), backend="eager", fullgraph=True)
     assert torch.equal(fn(x), w(x))
+
+
+def test_opcheck_schema_and_fake() -> None:
+    """torch.library.opcheck: the schema, the fake kernel's shapes and dtypes, and the op's dispatch agree."""
+    w8, x, wp, colsum = _weight(33, 40, seed=4)
+    fidx, wf = torch.tensor([2, 9]), torch.randn(2, 33)
+    torch.library.opcheck(torch.ops.radixgen.w8a8_linear.default,
+                          (x[:5], wp, colsum, w8.sw, torch.rand(40) + 0.5, fidx, wf))
+    torch.library.opcheck(torch.ops.radixgen.w8a8_linear.default, (x[:3].bfloat16(), wp, colsum, w8.sw, None, None, None))
