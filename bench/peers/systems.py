@@ -220,6 +220,7 @@ RADIXGEN_VARIANTS = {
     "radixgen-bind": [],  # OpenMP threads pinned one per core (RADIXGEN_VARIANT_ENV)
     "radixgen-int8": ["--quantization", "w8a8_int8"],  # int8 x int8 GEMMs for calls of 8+ rows (docs/quantization.md)
     "radixgen-eager": ["--compile-mode", "off"],  # beside a compiled radixgen (RADIXGEN_COMPILE_MODE=sync)
+    "radixgen-int8-eager": ["--quantization", "w8a8_int8", "--compile-mode", "off"],
 }
 RADIXGEN_VARIANT_ENV = {"radixgen-bind": {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}}
 
