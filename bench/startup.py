@@ -6,7 +6,9 @@ cold: an empty artifact cache (and an empty inductor cache): time to /health 200
 warm: the cache the cold start filled: time to /health 200, time until the end of the first request that a
       compiled graph decoded (requests of 4 tokens from /health on), time until every bucket runs compiled,
       then decode tok/s over 30 s.
-Runs alternate cold/warm; medians over --rounds. Results: bench/results/startup.md.
+Both: the artifact cache's size on disk after the start; cold starts also each compiled graph's seconds (the
+compile worker's per-graph lines). Runs alternate cold/warm; medians over --rounds. Results:
+bench/results/startup.md.
 
   python bench/startup.py --rounds 3 [--cold-rounds 1] [--compile-max-bs 32]
 """
@@ -14,6 +16,8 @@ Runs alternate cold/warm; medians over --rounds. Results: bench/results/startup.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import shutil
 import socket
@@ -71,37 +75,58 @@ def one_start(cache: Path, inductor: Path, max_bs: int, cold: bool) -> dict[str,
     env.pop("RADIXGEN_DISABLE_COMPILE", None)
     cmd = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--compile-max-bs", str(max_bs), "--log-level", "warning"]
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    out: dict[str, float] = {}
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300.0) as c:
-            while True:
-                try:
-                    if c.get("/health", timeout=1.0).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if proc.poll() is not None:
-                    raise RuntimeError("server exited")
-                time.sleep(0.05)
-            out["health_s"] = time.monotonic() - t0
-            if not cold:  # the cache holds every bucket: how soon does decode run compiled?
-                _until_compiled(c, out, t0, 0.05, 120)
-            tokens, t_first = 0, time.monotonic()
-            while time.monotonic() - t_first < 30.0:
-                tokens += _greedy(c)
-            out["tok_s_first_30s"] = tokens / (time.monotonic() - t_first)
-            if cold:  # no load meanwhile, so the background compiler has the CPU
-                _until_compiled(c, out, t0, 0.5, 600)
-            t, tokens = time.monotonic(), 0
-            for _ in range(5):
-                tokens += _greedy(c)
-            out["compiled_tok_s"] = tokens / (time.monotonic() - t)
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with tempfile.TemporaryFile() as log:  # the server's stdout: the compile worker's one JSON line per graph
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.DEVNULL)
+        try:
+            out = _measure(proc, port, t0, cold)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        log.seek(0)
+        graphs = _compiled_graphs(log.read().decode(errors="replace"))
+    out["graphs_compiled"] = len(graphs)
+    out["compile_s_per_graph"] = statistics.mean(graphs) if graphs else 0.0
+    out["cache_mb"] = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) / 1e6
     return out
+
+
+def _measure(proc: subprocess.Popen[bytes], port: int, t0: float, cold: bool) -> dict[str, float]:
+    out: dict[str, float] = {}
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300.0) as c:
+        while True:
+            try:
+                if c.get("/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError("server exited")
+            time.sleep(0.05)
+        out["health_s"] = time.monotonic() - t0
+        if not cold:  # the cache holds every bucket: how soon does decode run compiled?
+            _until_compiled(c, out, t0, 0.05, 120)
+        tokens, t_first = 0, time.monotonic()
+        while time.monotonic() - t_first < 30.0:
+            tokens += _greedy(c)
+        out["tok_s_first_30s"] = tokens / (time.monotonic() - t_first)
+        if cold:  # no load meanwhile, so the background compiler has the CPU
+            _until_compiled(c, out, t0, 0.5, 600)
+        t, tokens = time.monotonic(), 0
+        for _ in range(5):
+            tokens += _greedy(c)
+        out["compiled_tok_s"] = tokens / (time.monotonic() - t)
+    return out
+
+
+def _compiled_graphs(text: str) -> list[float]:
+    """Seconds of each graph the compile worker wrote (its lines {"buckets": [...], "seconds": s})."""
+    secs = []
+    for line in text.splitlines():
+        if line.startswith("{") and '"seconds"' in line:
+            with contextlib.suppress(ValueError, KeyError):
+                secs.append(float(json.loads(line)["seconds"]))
+    return secs
 
 
 def main() -> None:
@@ -128,7 +153,8 @@ def main() -> None:
 
 
 def write(a: argparse.Namespace, runs: dict[str, list[dict[str, float]]]) -> None:
-    cols = ("health_s", "first_compiled_s", "tok_s_first_30s", "all_compiled_s", "compiled_tok_s")
+    cols = ("health_s", "first_compiled_s", "tok_s_first_30s", "all_compiled_s", "compiled_tok_s",
+            "graphs_compiled", "compile_s_per_graph", "cache_mb")
     lines = ["# Start-up: time to /health, to compiled decode, and decode speed meanwhile", "",
              f"CPU: {describe_cpu()}", "",
              f"Command: `python bench/startup.py --rounds {a.rounds} --cold-rounds {a.cold_rounds} "
@@ -136,7 +162,8 @@ def write(a: argparse.Namespace, runs: dict[str, list[dict[str, float]]]) -> Non
              "default model and flags, --compile-mode background). Each start is a whole process timed from its "
              "launch; cold: empty artifact and inductor caches; warm: the cache the cold start filled.", "",
              "| start | run | /health 200 (s) | first compiled decode (s) | decode tok/s, 30 s | "
-             "every bucket compiled (s) | compiled tok/s |", "|---|---|---|---|---|---|---|"]
+             "every bucket compiled (s) | compiled tok/s | graphs compiled | s per graph | cache MB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for kind, rs in runs.items():
         for i, r in enumerate(rs):
             lines.append(f"| {kind} | {i + 1} | " + " | ".join(f"{r[c]:.1f}" for c in cols) + " |")

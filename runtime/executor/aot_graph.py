@@ -1,17 +1,25 @@
 """Decode graphs as AOTInductor packages: compiled once (torch.export + aoti_compile_and_package), kept in the
 artifact cache (runtime/executor/artifact_cache.py) and loaded by any later process with the same key.
 
-A package holds one bucket's whole decode forward `forward(ids[B], pos[B], logit_idx[B]) -> logits[B, V]` with
-the weights embedded as constants (inductor freezing: linears prepacked), attention as the opaque custom op
-`radixgen_rt::attention(..., backend_id)` (runtime/models/attn_op.py; the loading process registers its
-backend at the same index, so the op resolves to that process's backend over its own KV pool). The cache keeps
-only the package's shared library (`graph.so`, the generated code with the constants in its data section): a
-later process verifies it and loads it in place (`AOTIModelContainerRunnerCpu`), with no compiler and no copy
-of the package unpacked per start. Replay passes the runner's static buffers, as the JIT graphs do.
+A package holds the whole decode forward `forward(ids[B], pos[B], logit_idx[B]) -> logits[B, V]` for one group
+of buckets: B is a dynamic dimension over the group's range, so one graph serves each of its buckets. Groups are
+cut where the model's own code takes another path by row count (a quantized linear switches from its kernel to
+the kept dense copy at `dense_min_rows` rows), so no graph guards on B: with the default thresholds the CPU
+buckets 1,2,4 | 8,16,32 are two graphs. Attention is the opaque custom op `radixgen_rt::attention(...,
+backend_id)` (runtime/models/attn_op.py; the loading process registers its backend at the same index, so the op
+resolves to that process's backend over its own KV pool).
+
+The weights are not in the package: it is compiled without freezing and with its constants outside the shared
+library, so each constant keeps its original name (`model.layers.0.w_qkv.qs`, ...), and a loading process binds
+its own live model tensors to them (runtime/executor/graph_package.py `bind_constants`, no copy). Measured on
+SmolLM2-135M (bench/results/startup.md): ~50 s for a group against ~80 s for one bucket with frozen, embedded
+weights, ~2 MB on disk against 126-575 MB, and no second copy of the weights in memory. The cache keeps only the
+package's shared library (`graph.so`) and a table of the constants it expects (name, dtype, shape, stride),
+which the binding checks against the live tensors.
 
 The cache key names everything the generated code depends on: the model file's identity, dtype, quantization
 and its kernel, KV dtype, attention backend and its registry index, this package's own source hash, the torch
-version, the CPU's flags and the bucket. Anything else that changes the graph changes one of these.
+version, the CPU's flags and the buckets it serves. Anything else that changes the graph changes one of these.
 """
 
 from __future__ import annotations
@@ -37,7 +45,8 @@ _CODE_DIRS = ("runtime/models", "runtime/executor", "kernels")
 _NOT_IN_GRAPH = frozenset({"runtime/executor/artifact_cache.py", "runtime/executor/compile_manager.py",
                            "runtime/executor/compile_worker.py", "runtime/executor/graph_package.py"})
 _ROOT = Path(__file__).resolve().parents[2]
-FORMAT = "aoti-decode-so-1"  # entry layout: the package's shared library alone
+FORMAT = "aoti-decode-shared-2"  # entry layout: the library of a dynamic-batch group, weights bound at load
+INDUCTOR_CONFIGS = {"freezing": False, "aot_inductor.package_constants_in_so": False}
 
 
 @functools.lru_cache(maxsize=1)
@@ -87,8 +96,35 @@ def file_identity(path: str) -> dict[str, Any]:
     return {"path": str(p), "bytes": size, "sha256_ends": h.hexdigest()[:24]}
 
 
-def graph_key(base: dict[str, Any], bucket: int) -> dict[str, Any]:
-    return {**base, "bucket": bucket}
+def graph_key(base: dict[str, Any], group: tuple[int, ...]) -> dict[str, Any]:
+    return {**base, "bucket": list(group)}
+
+
+def row_thresholds(model: torch.nn.Module) -> set[int]:
+    """Row counts at which the model's forward takes another path: each quantized linear's `dense_min_rows`
+    (from there on one dense GEMM, kernels/quant/weights.py) and each int8 linear's `min_rows` when it has a
+    kernel for fewer rows (kernels/quant/w8a8.py). A group spanning one of these would not export: its graph
+    would guard on the batch size."""
+    from kernels.quant.weights import QuantWeight
+
+    out: set[int] = set()
+    for m in model.modules():
+        if isinstance(m, QuantWeight) and m.dense_copies:
+            out.add(int(m.dense_min_rows))
+        if isinstance(m, QuantWeight) and getattr(m, "small", None) is not None:
+            out.add(int(getattr(m, "min_rows", 1)))
+    return out
+
+
+def bucket_groups(buckets: tuple[int, ...], thresholds: set[int]) -> list[tuple[int, ...]]:
+    """The buckets cut into runs that no threshold separates (one compiled graph each), smallest first."""
+    groups: list[list[int]] = []
+    for bs in sorted(buckets):
+        if groups and not any(groups[-1][-1] < t <= bs for t in thresholds):
+            groups[-1].append(bs)
+        else:
+            groups.append([bs])
+    return [tuple(g) for g in groups]
 
 
 def key_base(model_path: str, dtype: str, quantization: str, quantization_kernel: str, kv_dtype: str,
@@ -100,15 +136,21 @@ def key_base(model_path: str, dtype: str, quantization: str, quantization_kernel
             "torch": torch.__version__, "cpu": cpu_flags(), **(extra or {})}
 
 
-def compile_package(runner: DecodeGraphRunner, bucket: int, out: Path) -> float:
-    """Export the runner's decode body at `bucket` rows, compile it with AOTInductor and write the package's
-    shared library to `out`; returns the seconds it took."""
+def compile_package(runner: DecodeGraphRunner, group: tuple[int, ...], out: Path) -> tuple[float, list[Any]]:
+    """Export the runner's decode body over the rows of `group` (dynamic when it has several buckets), compile it
+    with AOTInductor and write the package's shared library to `out` (and its custom-op call table beside it);
+    returns the seconds it took and the constants table the library expects (graph_package.constants_table)."""
     t = time.perf_counter()
-    fn, args = runner.prepare_bucket(bucket)
+    fn, args = runner.prepare_bucket(group[-1])
+    shapes = None
+    if len(group) > 1:
+        rows = torch.export.Dim("rows", min=group[0], max=group[-1])
+        shapes = {"ids": {0: rows}, "pos": {0: rows}, "logit_idx": {0: rows}}
     pt2 = out.with_suffix(".pt2")
     with torch.no_grad():
-        ep = torch.export.export(fn, args, strict=False)
-        torch._inductor.aoti_compile_and_package(ep, package_path=str(pt2), inductor_configs={"freezing": True})
+        ep = torch.export.export(fn, args, strict=False, dynamic_shapes=shapes)
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(pt2), inductor_configs=INDUCTOR_CONFIGS)
     graph_package.extract_library(pt2, out)
     pt2.unlink()
-    return time.perf_counter() - t
+    table = graph_package.constants_table(graph_package.load_library(out), fn)
+    return time.perf_counter() - t, table

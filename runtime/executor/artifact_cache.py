@@ -4,7 +4,9 @@ Layout under the root (default ~/.cache/radixgen/graphs, RADIXGEN_CACHE_DIR or -
   <digest>/graph.so       the compiled graph (an AOTInductor package's shared library, weights embedded)
   <digest>/graph.json     its custom-op call table, when the graph has one (a sidecar: see `store`)
   <digest>/entry.json     {"key": {...}, "sha256": hex of graph.so, "bytes": n,
-                           "sidecar": {"sha256": hex of graph.json, "bytes": n} or absent}, written last
+                           "sidecar": {"sha256": hex of graph.json, "bytes": n} or absent,
+                           "constants": the graph's constants table (graph_package.constants_table) or absent},
+                          written last
 where <digest> is sha256 of the key's canonical JSON. An entry is trusted only when entry.json parses, its key
 equals the key asked for (a foreign or colliding directory is not) and graph.so (and its sidecar) hashes to its sha256 (a
 truncated or altered file is not). Anything else is removed and counted as `rejected`; the caller recompiles.
@@ -60,12 +62,18 @@ class ArtifactCache:
 
     def lookup(self, key: dict[str, Any]) -> Path | None:
         """The package path of a verified entry for `key`, or None (missing; or rejected and removed)."""
+        found = self.lookup_entry(key)
+        return found[0] if found is not None else None
+
+    def lookup_entry(self, key: dict[str, Any]) -> tuple[Path, dict[str, Any]] | None:
+        """The package path and manifest of a verified entry for `key`, or None (missing; or rejected and removed)."""
         d = self.entry_dir(key)
         manifest = d / MANIFEST
         if not manifest.exists():
             self.misses += 1
             return None
-        why = self._verify(d, key)
+        meta: dict[str, Any] = {}
+        why = self._verify(d, key, meta)
         if why is not None:
             self.rejected += 1
             log.warning("compiled graph cache: rejected entry %s (%s); it will be recompiled", d, why)
@@ -73,10 +81,10 @@ class ArtifactCache:
             return None
         self.hits += 1
         os.utime(manifest)  # LRU: most recently used
-        return d / PACKAGE
+        return d / PACKAGE, meta
 
-    def _verify(self, d: Path, key: dict[str, Any]) -> str | None:
-        """None when the entry is trustworthy, else why not."""
+    def _verify(self, d: Path, key: dict[str, Any], out: dict[str, Any]) -> str | None:
+        """None when the entry is trustworthy (its manifest then copied into `out`), else why not."""
         try:
             meta = json.loads((d / MANIFEST).read_text())
         except (OSError, ValueError) as e:
@@ -94,6 +102,7 @@ class ArtifactCache:
                     return "checksum mismatch"
         except OSError as e:
             return f"unreadable package: {type(e).__name__}"
+        out.update(meta)
         return None
 
     def discard(self, key: dict[str, Any], why: str) -> None:
@@ -102,9 +111,9 @@ class ArtifactCache:
         log.warning("compiled graph cache: rejected entry %s (%s); it will be recompiled", self.entry_dir(key), why)
         shutil.rmtree(self.entry_dir(key), ignore_errors=True)
 
-    def store(self, key: dict[str, Any], package: Path) -> Path:
+    def store(self, key: dict[str, Any], package: Path, constants: list[Any] | None = None) -> Path:
         """Move `package` (and its sidecar, `package` with suffix .json, if there is one) into the entry for
-        `key` (replacing any old one); returns the package's final path."""
+        `key` (replacing any old one), its constants table in the manifest; returns the package's final path."""
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root))
         shutil.move(str(package), tmp / PACKAGE)
@@ -114,6 +123,8 @@ class ArtifactCache:
         if side.exists():
             shutil.move(str(side), tmp / SIDECAR)
             meta["sidecar"] = {"sha256": file_sha256(tmp / SIDECAR), "bytes": (tmp / SIDECAR).stat().st_size}
+        if constants is not None:
+            meta["constants"] = constants
         (tmp / MANIFEST).write_text(json.dumps(meta, sort_keys=True))
         d = self.entry_dir(key)
         if d.exists():

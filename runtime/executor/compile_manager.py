@@ -1,12 +1,14 @@
 """Which decode buckets run compiled, and how they get there (--compile-mode background or sync).
 
 Both modes go through the artifact cache (runtime/executor/artifact_cache.py) of compiled graphs
-(runtime/executor/aot_graph.py, graph_package.py): a bucket whose entry verifies is loaded, not compiled.
+(runtime/executor/aot_graph.py, graph_package.py). One graph serves a group of buckets (aot_graph.bucket_groups:
+1,2,4 and 8,16,32 by default), one cache entry per group: a group whose entry verifies and binds to the live
+model's weights is loaded, not compiled, and each of its buckets swaps in.
   sync:        cached buckets load and missing ones compile in this process before the server is ready.
-  background:  nothing blocks readiness. Cached buckets (an entry's manifest exists) are verified and loaded
-               by a loader thread, smallest first, while the server already serves eagerly; missing buckets
+  background:  nothing blocks readiness. Cached groups (an entry's manifest exists) are verified and loaded
+               by a loader thread, smallest first, while the server already serves eagerly; missing groups
                compile in a nice-19 child process (runtime/executor/compile_worker.py). `poll()` runs at a
-               step boundary (the start of a forward), at most every POLL_S: it swaps in each bucket the
+               step boundary (the start of a forward), at most every POLL_S: it swaps in each group the
                thread has loaded and loads each one the child has published. An entry that fails to verify
                or load is recompiled by a child started once the thread is done.
 Only `poll()` (the scheduler's thread) touches the decode runner: the loader thread hands over loaded
@@ -45,37 +47,42 @@ class CompileManager:
         self.graphs, self.mode, self.cache, self.key_base = graphs, mode, cache, key_base
         self.worker_job = worker_job  # model fields and backend id for the child
         self.pending = list(graphs.buckets)
+        self.groups = aot_graph.bucket_groups(graphs.buckets, aot_graph.row_thresholds(graphs.model))
         self.proc: subprocess.Popen[bytes] | None = None
-        self.compiling: list[int] = []  # buckets handed to the child
+        self.compiling: list[tuple[int, ...]] = []  # groups handed to the child
         self.failed = ""
-        self.compiled_here: dict[int, float] = {}  # bucket -> seconds (sync mode)
+        self.compiled_here: dict[tuple[int, ...], float] = {}  # group -> seconds (sync mode)
         self.t_start = time.monotonic()
         self.ready_after: dict[int, float] = {}  # bucket -> seconds from start until it was swapped in
         self._last_poll = 0.0
-        self._loaded: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()  # (bucket, library) from the thread
-        self._retry: list[int] = []  # buckets whose entry the thread rejected: for the child
+        # (group, library) from the thread
+        self._loaded: queue.SimpleQueue[tuple[tuple[int, ...], Any]] = queue.SimpleQueue()
+        self._retry: list[tuple[int, ...]] = []  # groups whose entry the thread rejected: for the child
         self._loader: threading.Thread | None = None
 
-    def key(self, bs: int) -> dict[str, Any]:
-        return aot_graph.graph_key(self.key_base, bs)
+    def key(self, group: tuple[int, ...]) -> dict[str, Any]:
+        return aot_graph.graph_key(self.key_base, group)
+
+    def _published(self, group: tuple[int, ...]) -> bool:
+        return (self.cache.entry_dir(self.key(group)) / MANIFEST).exists()
 
     def start(self) -> None:
-        """sync: load every cached bucket and compile the rest here. background: start the loader thread for
-        the cached buckets and the child for the rest, and return at once."""
+        """sync: load every cached group and compile the rest here. background: start the loader thread for
+        the cached groups and the child for the rest, and return at once."""
         if self.mode == "sync":
-            for bs in list(self.pending):
-                self._add(bs, self._load(bs))
-            for bs in list(self.pending):
+            for g in self.groups:
+                self._add(g, self._load(g))
+            for g in [g for g in self.groups if g[0] in self.pending]:
                 with tempfile.TemporaryDirectory(dir=self._tmp_parent()) as tmp:
                     out = Path(tmp) / "graph.so"
-                    self.compiled_here[bs] = aot_graph.compile_package(self.graphs, bs, out)
-                    self.cache.store(self.key(bs), out)
-                self._add(bs, self._load(bs))
+                    self.compiled_here[g], table = aot_graph.compile_package(self.graphs, g, out)
+                    self.cache.store(self.key(g), out, table)
+                self._add(g, self._load(g))
             log.info("decode graphs for batch sizes %s ready (compiled here: %s)", self._names(),
-                     ", ".join(f"{b}: {s:.1f} s" for b, s in self.compiled_here.items()) or "none")
+                     ", ".join(f"{_label(g)}: {s:.1f} s" for g, s in self.compiled_here.items()) or "none")
             return
-        cached = [bs for bs in self.pending if (self.cache.entry_dir(self.key(bs)) / MANIFEST).exists()]
-        missing = [bs for bs in self.pending if bs not in cached]
+        cached = [g for g in self.groups if self._published(g)]
+        missing = [g for g in self.groups if g not in cached]
         if missing:
             self._spawn(missing)
         if cached:
@@ -83,14 +90,14 @@ class CompileManager:
                                             daemon=True)
             self._loader.start()
 
-    def _load_cached(self, buckets: list[int]) -> None:
-        """The loader thread: verify and load each cached bucket, smallest first, for `poll()` to swap in."""
-        for bs in buckets:
-            lib = self._load(bs)
+    def _load_cached(self, groups: list[tuple[int, ...]]) -> None:
+        """The loader thread: verify and load each cached group, smallest first, for `poll()` to swap in."""
+        for g in groups:
+            lib = self._load(g)
             if lib is None:
-                self._retry.append(bs)
+                self._retry.append(g)
             else:
-                self._loaded.put((bs, lib))
+                self._loaded.put((g, lib))
 
     def wait_loaded(self, timeout: float | None = None) -> None:
         """Block until the loader thread is done, then swap in what it loaded (tests; a bench's steady state)."""
@@ -102,17 +109,17 @@ class CompileManager:
         self.cache.root.mkdir(parents=True, exist_ok=True)
         return str(self.cache.root)
 
-    def _spawn(self, buckets: list[int]) -> None:
-        job = {**self.worker_job, "buckets": buckets, "key_base": self.key_base,
+    def _spawn(self, groups: list[tuple[int, ...]]) -> None:
+        job = {**self.worker_job, "groups": [list(g) for g in groups], "key_base": self.key_base,
                "cache_root": str(self.cache.root), "cache_max_bytes": self.cache.max_bytes}
-        self.compiling = list(buckets)
+        self.compiling = list(groups)
         self.proc = subprocess.Popen([sys.executable, "-m", "runtime.executor.compile_worker"],
                                      stdin=subprocess.PIPE)  # its per-bucket lines go to our log
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(job).encode())
         self.proc.stdin.close()
         log.info("serving eagerly; compiling decode graphs for batch sizes %s in the background (pid %d)",
-                 ",".join(map(str, buckets)), self.proc.pid)
+                 " ".join(map(_label, groups)), self.proc.pid)
 
     def poll(self, force: bool = False) -> None:
         """At a step boundary: swap in every bucket loaded or published since the last poll; notice a dead
@@ -124,12 +131,12 @@ class CompileManager:
             return
         self._last_poll = now
         while not self._loaded.empty():
-            bs, lib = self._loaded.get()
-            self._add(bs, lib)
+            g, lib = self._loaded.get()
+            self._add(g, lib)
         exited = self.proc.poll() if self.proc is not None else None
-        for bs in [b for b in self.pending if b in self.compiling]:
-            if (self.cache.entry_dir(self.key(bs)) / MANIFEST).exists():
-                self._add(bs, self._load(bs))
+        for g in [g for g in self.compiling if g[0] in self.pending]:
+            if self._published(g):
+                self._add(g, self._load(g))
         loader_done = self._loader is None or not self._loader.is_alive()
         if loader_done and self._retry and (self.proc is None or exited is not None):
             retry, self._retry = self._retry, []
@@ -137,38 +144,47 @@ class CompileManager:
             return
         if not self.pending:
             log.info("all decode buckets compiled (%s) after %.1f s", self._names(), now - self.t_start)
-        elif exited is not None and any(b in self.compiling for b in self.pending):
+        elif exited is not None and any(g[0] in self.pending for g in self.compiling):
             self.failed = (f"the background compile process exited (code {exited}) before batch sizes "
                            f"{','.join(map(str, self.pending))} were compiled: those decode eagerly (slower)")
             fallbacks.record("compiled_decode", self.failed)
 
-    def _load(self, bs: int) -> Any:
-        """The verified, loaded library of bucket `bs`, or None (missing; or rejected and removed)."""
-        key = self.key(bs)
-        path = self.cache.lookup(key)
-        if path is None:
+    def _load(self, group: tuple[int, ...]) -> Any:
+        """The verified library of `group`, loaded and bound to the live model's weights, or None (missing; or
+        rejected and removed)."""
+        key = self.key(group)
+        found = self.cache.lookup_entry(key)
+        if found is None:
             return None
+        path, meta = found
         try:
-            return graph_package.load_library(path)
-        except Exception as e:  # noqa: BLE001 (a graph that does not load is one more rejected entry)
+            lib = graph_package.load_library(path)
+            graph_package.bind_constants(lib, self.graphs.body, meta.get("constants") or [])
+            return lib
+        except Exception as e:  # noqa: BLE001 (a graph that does not load or bind is one more rejected entry)
             self.cache.discard(key, f"did not load: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             return None
 
-    def _add(self, bs: int, lib: Any) -> None:
-        """Swap bucket `bs` in (its first replay runs here); a None library leaves it pending."""
-        if lib is None or bs not in self.pending:
+    def _add(self, group: tuple[int, ...], lib: Any) -> None:
+        """Swap the buckets of `group` in (each one's first replay runs here); a None library leaves them
+        pending."""
+        if lib is None or not any(bs in self.pending for bs in group):
             return
         try:
-            self.graphs.add_graph(bs, graph_package.PackagedGraph(lib))
+            for bs in group:
+                self.graphs.add_graph(bs, graph_package.PackagedGraph(lib))
         except Exception as e:  # noqa: BLE001 (a graph that does not run is rejected and recompiled)
-            self.cache.discard(self.key(bs), f"first run failed: {type(e).__name__}: "
-                                             f"{str(e).splitlines()[0] if str(e) else ''}")
-            if bs not in self._retry:
-                self._retry.append(bs)
+            for bs in group:
+                self.graphs.graphs.pop(bs, None)
+            self.cache.discard(self.key(group), f"first run failed: {type(e).__name__}: "
+                                                f"{str(e).splitlines()[0] if str(e) else ''}")
+            if group not in self._retry:
+                self._retry.append(group)
             return
-        self.pending.remove(bs)
-        self.ready_after[bs] = round(time.monotonic() - self.t_start, 1)
-        log.info("decode batch size %d now runs compiled", bs)
+        for bs in group:
+            self.pending.remove(bs)
+            self.ready_after[bs] = round(time.monotonic() - self.t_start, 1)
+        log.info("decode batch sizes %s now run compiled", _label(group))
 
     def _names(self) -> str:
         return ",".join(map(str, sorted(self.graphs.graphs)))
@@ -184,7 +200,7 @@ class CompileManager:
             "compiled_buckets": sorted(self.graphs.graphs),
             "pending_buckets": sorted(self.pending),
             # published by the compiler, swapped in at the next decode step
-            "ready_buckets": sorted(b for b in self.pending if (self.cache.entry_dir(self.key(b)) / MANIFEST).exists()),
+            "ready_buckets": sorted(b for g in self.groups if self._published(g) for b in g if b in self.pending),
             "compiled_replays": self.graphs.replays,
             "compile_ready_after_s": {str(b): s for b, s in sorted(self.ready_after.items())},
             "compile_worker_pid": self.proc.pid if self.proc is not None and self.proc.poll() is None else None,
@@ -192,3 +208,7 @@ class CompileManager:
                               "rejected": self.cache.rejected},
             "compile_failed": self.failed,
         }
+
+
+def _label(group: tuple[int, ...]) -> str:
+    return ",".join(map(str, group))

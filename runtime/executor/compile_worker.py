@@ -1,10 +1,10 @@
 """The background decode-graph compiler: a separate, lowest-priority process that loads the model as the
-server does and writes one AOTInductor package per missing bucket into the artifact cache.
+server does and writes one AOTInductor package per missing group of buckets into the artifact cache.
 
 Run by runtime/executor/compile_manager.py as `python -m runtime.executor.compile_worker` with one JSON
-object on stdin: {"model": ModelConfig fields, "buckets": [...], "backend_id": n, "cache_root": str,
-"cache_max_bytes": n}. Buckets are compiled smallest first (batch 1 is the commonest decode batch); each is
-published atomically, so the server can load it at its next step boundary. It dies with its parent
+object on stdin: {"model": ModelConfig fields, "groups": [[1, 2, 4], ...], "key_base": {...}, "backend_id": n,
+"cache_root": str, "cache_max_bytes": n}. Groups are compiled smallest first (batch 1 is the commonest decode
+batch); each is published atomically, so the server can load it at its next step boundary. It dies with its parent
 (PR_SET_PDEATHSIG) and writes one JSON line per bucket to stdout for the log.
 """
 
@@ -31,7 +31,7 @@ def die_with_parent() -> None:
 
 
 def compile_missing(job: dict[str, Any]) -> list[dict[str, Any]]:
-    """Compile every bucket of `job` whose cache entry is missing or rejected; returns what it did per bucket."""
+    """Compile every group of `job` whose cache entry is missing or rejected; returns what it did per group."""
     from runtime.config import make_config
     from runtime.executor import aot_graph
     from runtime.executor.artifact_cache import ArtifactCache
@@ -39,7 +39,8 @@ def compile_missing(job: dict[str, Any]) -> list[dict[str, Any]]:
     from runtime.executor.model_runner import create_model_runner
     from runtime.models import attn_op
 
-    buckets = sorted(int(b) for b in job["buckets"])
+    groups = sorted(tuple(int(b) for b in g) for g in job["groups"])
+    buckets = sorted(b for g in groups for b in g)
     model = {**job["model"], "compile_mode": "off", "disable_compile": True}
     cfg = make_config(**model, max_total_tokens=max(256, 2 * buckets[-1]), max_running_requests=buckets[-1])
     runner = create_model_runner(cfg, progress=False)
@@ -50,16 +51,16 @@ def compile_missing(job: dict[str, Any]) -> list[dict[str, Any]]:
                                attend=attn_op.opaque_attend(backend_id), buckets=CPU_BUCKETS, label="packages")
     cache = ArtifactCache(job["cache_root"], int(job["cache_max_bytes"]))
     done: list[dict[str, Any]] = []
-    for bs in buckets:
-        key = aot_graph.graph_key(job["key_base"], bs)
+    for g in groups:
+        key = aot_graph.graph_key(job["key_base"], g)
         if cache.lookup(key) is not None:
-            done.append({"bucket": bs, "cached": True})
+            done.append({"buckets": list(g), "cached": True})
             continue
         with tempfile.TemporaryDirectory(dir=_tmp_parent(cache.root)) as tmp:
             out = Path(tmp) / "graph.so"
-            seconds = aot_graph.compile_package(graphs, bs, out)
-            cache.store(key, out)
-        rec = {"bucket": bs, "seconds": round(seconds, 1)}
+            seconds, table = aot_graph.compile_package(graphs, g, out)
+            cache.store(key, out, table)
+        rec = {"buckets": list(g), "seconds": round(seconds, 1)}
         print(json.dumps(rec), flush=True)
         done.append(rec)
     return done
@@ -71,7 +72,7 @@ def _tmp_parent(root: Path) -> str:
 
 
 def _no_graph() -> Any:
-    raise AssertionError("the compile worker exports buckets one at a time; it never captures")
+    raise AssertionError("the compile worker exports groups one at a time; it never captures")
 
 
 def main() -> int:

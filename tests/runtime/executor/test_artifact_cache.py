@@ -115,4 +115,22 @@ def test_key_changes_with_the_model_file_and_the_quantization(tmp_path):
     assert aot_graph.key_base(str(model), "float32", "w8a8_int8", *args[2:]) != base
     model.write_bytes(b"b" * 4096)
     assert aot_graph.key_base(str(model), *args)["model"] != base["model"]
-    assert aot_graph.graph_key(base, 1) != aot_graph.graph_key(base, 2)
+    assert aot_graph.graph_key(base, (1,)) != aot_graph.graph_key(base, (1, 2))
+    assert aot_graph.graph_key(base, (1, 2, 4))["bucket"] == [1, 2, 4]
+
+
+def test_buckets_are_grouped_between_row_thresholds():
+    buckets = (1, 2, 4, 8, 16, 32)
+    assert aot_graph.bucket_groups(buckets, {8}) == [(1, 2, 4), (8, 16, 32)]
+    assert aot_graph.bucket_groups(buckets, set()) == [buckets]  # one path at every row count: one graph
+    assert aot_graph.bucket_groups(buckets, {256}) == [buckets]  # a threshold above the largest bucket
+    assert aot_graph.bucket_groups(buckets, {3, 16}) == [(1, 2), (4, 8), (16, 32)]
+    assert aot_graph.bucket_groups((1,), {8}) == [(1,)]
+
+
+def test_the_constants_table_comes_back_with_the_verified_entry(tmp_path):
+    cache = ArtifactCache(tmp_path / "c")
+    table = [["model_w", "model.w", 6, "torch.float32", [4, 2], [2, 1]]]
+    cache.store(KEY, _pkg(tmp_path), table)
+    found = cache.lookup_entry(KEY)
+    assert found is not None and found[1]["constants"] == table
