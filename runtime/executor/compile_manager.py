@@ -60,8 +60,11 @@ class CompileManager:
         self._retry: list[tuple[int, ...]] = []  # groups whose entry the thread rejected: for the child
         self._loader: threading.Thread | None = None
 
+    def weights(self, group: tuple[int, ...]) -> str:
+        return aot_graph.weights_mode(self.graphs.model, group)
+
     def key(self, group: tuple[int, ...]) -> dict[str, Any]:
-        return aot_graph.graph_key(self.key_base, group)
+        return aot_graph.graph_key(self.key_base, group, self.weights(group))
 
     def _published(self, group: tuple[int, ...]) -> bool:
         return (self.cache.entry_dir(self.key(group)) / MANIFEST).exists()
@@ -75,7 +78,7 @@ class CompileManager:
             for g in [g for g in self.groups if g[0] in self.pending]:
                 with tempfile.TemporaryDirectory(dir=self._tmp_parent()) as tmp:
                     out = Path(tmp) / "graph.so"
-                    self.compiled_here[g], table = aot_graph.compile_package(self.graphs, g, out)
+                    self.compiled_here[g], table = aot_graph.compile_package(self.graphs, g, out, self.weights(g))
                     self.cache.store(self.key(g), out, table)
                 self._add(g, self._load(g))
             log.info("decode graphs for batch sizes %s ready (compiled here: %s)", self._names(),
@@ -110,7 +113,7 @@ class CompileManager:
         return str(self.cache.root)
 
     def _spawn(self, groups: list[tuple[int, ...]]) -> None:
-        job = {**self.worker_job, "groups": [list(g) for g in groups], "key_base": self.key_base,
+        job = {**self.worker_job, "groups": [[list(g), self.weights(g)] for g in groups], "key_base": self.key_base,
                "cache_root": str(self.cache.root), "cache_max_bytes": self.cache.max_bytes}
         self.compiling = list(groups)
         self.proc = subprocess.Popen([sys.executable, "-m", "runtime.executor.compile_worker"],
@@ -159,7 +162,8 @@ class CompileManager:
         path, meta = found
         try:
             lib = graph_package.load_library(path)
-            graph_package.bind_constants(lib, self.graphs.body, meta.get("constants") or [])
+            if key["weights"] == "bound":  # an entry without its table binds nothing and is rejected
+                graph_package.bind_constants(lib, self.graphs.body, meta.get("constants") or [])
             return lib
         except Exception as e:  # noqa: BLE001 (a graph that does not load or bind is one more rejected entry)
             self.cache.discard(key, f"did not load: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")

@@ -2,7 +2,8 @@
 server does and writes one AOTInductor package per missing group of buckets into the artifact cache.
 
 Run by runtime/executor/compile_manager.py as `python -m runtime.executor.compile_worker` with one JSON
-object on stdin: {"model": ModelConfig fields, "groups": [[1, 2, 4], ...], "key_base": {...}, "backend_id": n,
+object on stdin: {"model": ModelConfig fields, "groups": [[[1, 2, 4], "bound"], ...] (buckets, weights mode),
+"key_base": {...}, "backend_id": n,
 "cache_root": str, "cache_max_bytes": n}. Groups are compiled smallest first (batch 1 is the commonest decode
 batch); each is published atomically, so the server can load it at its next step boundary. It dies with its parent
 (PR_SET_PDEATHSIG) and writes one JSON line per bucket to stdout for the log.
@@ -39,8 +40,8 @@ def compile_missing(job: dict[str, Any]) -> list[dict[str, Any]]:
     from runtime.executor.model_runner import create_model_runner
     from runtime.models import attn_op
 
-    groups = sorted(tuple(int(b) for b in g) for g in job["groups"])
-    buckets = sorted(b for g in groups for b in g)
+    groups = sorted((tuple(int(b) for b in g), str(w)) for g, w in job["groups"])
+    buckets = sorted(b for g, _ in groups for b in g)
     model = {**job["model"], "compile_mode": "off", "disable_compile": True}
     cfg = make_config(**model, max_total_tokens=max(256, 2 * buckets[-1]), max_running_requests=buckets[-1])
     runner = create_model_runner(cfg, progress=False)
@@ -51,14 +52,14 @@ def compile_missing(job: dict[str, Any]) -> list[dict[str, Any]]:
                                attend=attn_op.opaque_attend(backend_id), buckets=CPU_BUCKETS, label="packages")
     cache = ArtifactCache(job["cache_root"], int(job["cache_max_bytes"]))
     done: list[dict[str, Any]] = []
-    for g in groups:
-        key = aot_graph.graph_key(job["key_base"], g)
+    for g, weights in groups:
+        key = aot_graph.graph_key(job["key_base"], g, weights)
         if cache.lookup(key) is not None:
             done.append({"buckets": list(g), "cached": True})
             continue
         with tempfile.TemporaryDirectory(dir=_tmp_parent(cache.root)) as tmp:
             out = Path(tmp) / "graph.so"
-            seconds, table = aot_graph.compile_package(graphs, g, out)
+            seconds, table = aot_graph.compile_package(graphs, g, out, weights)
             cache.store(key, out, table)
         rec = {"buckets": list(g), "seconds": round(seconds, 1)}
         print(json.dumps(rec), flush=True)

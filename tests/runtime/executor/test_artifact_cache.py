@@ -115,8 +115,9 @@ def test_key_changes_with_the_model_file_and_the_quantization(tmp_path):
     assert aot_graph.key_base(str(model), "float32", "w8a8_int8", *args[2:]) != base
     model.write_bytes(b"b" * 4096)
     assert aot_graph.key_base(str(model), *args)["model"] != base["model"]
-    assert aot_graph.graph_key(base, (1,)) != aot_graph.graph_key(base, (1, 2))
-    assert aot_graph.graph_key(base, (1, 2, 4))["bucket"] == [1, 2, 4]
+    assert aot_graph.graph_key(base, (1,), "bound") != aot_graph.graph_key(base, (1, 2), "bound")
+    assert aot_graph.graph_key(base, (1,), "bound") != aot_graph.graph_key(base, (1,), "embedded")
+    assert aot_graph.graph_key(base, (1, 2, 4), "bound")["bucket"] == [1, 2, 4]
 
 
 def test_buckets_are_grouped_between_row_thresholds():

@@ -1,8 +1,9 @@
 """Decode graphs as AOTInductor packages through the artifact cache (--compile-mode sync; background mode
-uses the same packages, tested end to end in tests/server/test_startup.py): a tiny random float32 Llama,
-buckets 1, 2, 4 and 8 in one dynamic-batch graph (a dense float32 model takes one path at every row count).
-Its greedy tokens equal eager's over 24 steps at one row (bucket 1) and at six rows (bucket 8), and a second
-runner over the same cache loads the package, binds it to its own weights and serves both buckets without
+uses the same packages, tested end to end in tests/server/test_startup.py): a tiny random Llama, float32
+activations over int8 weights with float32 dense copies from 8 rows on, so the default layout of graphs: buckets
+1, 2, 4 in one dynamic-batch graph bound to the live weights, bucket 8 in a graph with its dense copies frozen in.
+Greedy tokens equal eager's over 24 steps at one row (bucket 1) and at six rows (bucket 8), and a second runner
+over the same cache loads both packages, binds the first to its own weights and serves both buckets without
 compiling. A library is bound only to tensors that match its constants table."""
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def _runner(path: str, cache: str, mode: str):
     mp.setenv("RADIXGEN_DISABLE_COMPILE", "0")
     try:
         cfg = make_config(model_path=path, dtype="float32", max_total_tokens=2048, max_running_requests=8,
-                          compile_mode=mode, compile_max_bs=8, quantization="none", compile_cache_dir=cache)
+                          compile_mode=mode, compile_max_bs=8, quantization="int8", compile_cache_dir=cache)
         return create_model_runner(cfg, progress=False)
     finally:
         mp.undo()
@@ -40,21 +41,22 @@ def test_sync_package_matches_eager_and_a_restart_loads_it(tmp_path, monkeypatch
     monkeypatch.setattr(fallbacks, "_recorded", {})
     path, cache = tiny_checkpoint(tmp_path / "tiny", "llama"), str(tmp_path / "graphs")
     eager, compiled = _runner(path, cache, "off"), _runner(path, cache, "sync")
-    assert compiled.compile is not None and compiled.compile.compiled_here.keys() == {(1, 2, 4, 8)}
+    assert compiled.compile is not None and compiled.compile.compiled_here.keys() == {(1, 2, 4), (8,)}
+    assert [compiled.compile.weights(g) for g in compiled.compile.groups] == ["bound", "embedded"]
     assert compiled.graph_runner is not None and set(compiled.graph_runner.graphs) == {1, 2, 4, 8}
     prompts = [[[5, 17, 42, 9, 100]], [[5 + i, 17, 42 * i % 300, 9] for i in range(6)]]  # buckets 1 and 8
     want = [greedy_generate(eager, p, 24) for p in prompts]
     assert [greedy_generate(compiled, p, 24) for p in prompts] == want
     assert compiled.graph_runner.replays == 2 * 23
-    entries = list((tmp_path / "graphs").iterdir())
-    assert len(entries) == 1 and sum(f.stat().st_size for f in entries[0].iterdir()) < 8 << 20  # no weights
+    bound = compiled.compile.cache.lookup_entry(compiled.compile.key((1, 2, 4)))
+    assert bound is not None and len(bound[1]["constants"]) > 10  # every weight by name: none in the library
 
     # a restart: a new process (the attention backend registry starts empty there, as in a server's scheduler)
     out = subprocess.run([sys.executable, "-c", RESTART, path, cache, json.dumps(prompts)], capture_output=True,
                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert out.returncode == 0, out.stderr[-3000:]
     state, tokens = json.loads(out.stdout.strip().splitlines()[-1])
-    assert state["compiled_buckets"] == [1, 2, 4, 8] and state["compile_cache"]["hits"] == 1, state
+    assert state["compiled_buckets"] == [1, 2, 4, 8] and state["compile_cache"]["hits"] == 2, state
     assert state["compile_worker_pid"] is None and state["compiled_replays"] == 2 * 23
     assert tokens == want
 
