@@ -2,7 +2,7 @@
 uses the same packages, tested end to end in tests/server/test_startup.py): a tiny random Llama, float32
 activations over int8 weights with float32 dense copies from 8 rows on, so the default layout of graphs: buckets
 1, 2, 4 in one dynamic-batch graph bound to the live weights, bucket 8 in a graph with its dense copies frozen in.
-Greedy tokens equal eager's over 24 steps at one row (bucket 1) and at six rows (bucket 8), and a second runner
+Greedy tokens equal eager's over 24 steps at one row (bucket 1) and at eight rows (bucket 8), and a second runner
 over the same cache loads both packages, binds the first to its own weights and serves both buckets without
 compiling. A library is bound only to tensors that match its constants table."""
 
@@ -44,7 +44,8 @@ def test_sync_package_matches_eager_and_a_restart_loads_it(tmp_path, monkeypatch
     assert compiled.compile is not None and compiled.compile.compiled_here.keys() == {(1, 2, 4), (8,)}
     assert [compiled.compile.weights(g) for g in compiled.compile.groups] == ["bound", "embedded"]
     assert compiled.graph_runner is not None and set(compiled.graph_runner.graphs) == {1, 2, 4, 8}
-    prompts = [[[5, 17, 42, 9, 100]], [[5 + i, 17, 42 * i % 300, 9] for i in range(6)]]  # buckets 1 and 8
+    # buckets 1 and 8 (8 rows: eager takes the dense copies as the bucket's graph does; padded rows would not)
+    prompts = [[[5, 17, 42, 9, 100]], [[5 + i, 17, 42 * i % 300, 9] for i in range(8)]]
     want = [greedy_generate(eager, p, 24) for p in prompts]
     assert [greedy_generate(compiled, p, 24) for p in prompts] == want
     assert compiled.graph_runner.replays == 2 * 23
