@@ -84,8 +84,9 @@ class ModelRunner:
         self.int8_linears = 0  # W8A8 linears (--quantization w8a8_int8): int8 arithmetic for calls of many rows
         if mc.quantization == W8A8:  # int8 classes calibrated; the rest keep dense copies below (int8_calibration)
             self.int8_linears = len(setup_int8(self.model, mc.quantization_int8_rows))
-            log.info("%s; %s rows >= %d: dense %s copy", describe_int8_plan(self.model, LINEAR_WEIGHTS),
-                     "/".join(INT8_DENSE_CLASSES), mc.quantization_int8_rows, mc.dtype)
+            dense = (f"; {'/'.join(INT8_DENSE_CLASSES)} rows >= {mc.quantization_int8_rows}: dense {mc.dtype} copy"
+                     if INT8_DENSE_CLASSES else "")
+            log.info("%s%s", describe_int8_plan(self.model, LINEAR_WEIGHTS), dense)
             for m in self.model.modules():
                 for name in INT8_DENSE_CLASSES:
                     w = m._modules.get(name)

@@ -151,15 +151,17 @@ def test_w8a8_int8_serves_smollm(smollm_path, hf_smollm) -> None:
     decode) too."""
     runner = create_model_runner(make_config(model_path=smollm_path, max_total_tokens=1024,
                                              quantization="w8a8_int8"), progress=False)
-    assert runner.int8_linears == 30 * 3 + 1 and runner.dense_copy_bytes > 0  # w_down: dense copies
+    assert runner.int8_linears == 30 * 4 + 1 and runner.dense_copy_bytes == 0  # every linear class runs int8
     w = runner.model.layers[3].w_qkv
     assert isinstance(w, quant.W8A8Weight) and w.min_rows == 8
     assert isinstance(w.small, (quant.Int4Weight, quant.Q4BlockWeight))  # the 4-bit kernel this CPU runs
     gu = runner.model.layers[3].w_gate_up
     assert w.inv_s is not None and gu.inv_s is not None  # smoothed, with float input channels (int8_calibration)
     assert w.fidx is not None and w.fidx.numel() == 8 and gu.fidx is not None and gu.fidx.numel() == 16
-    assert w.small.dense is None  # the calibration's float32 copies are dropped: only w_down keeps one
-    assert not isinstance(runner.model.layers[3].w_down, quant.W8A8Weight)
+    assert w.small.dense is None  # the calibration's float32 copies are dropped
+    down = runner.model.layers[3].w_down
+    assert isinstance(down, quant.W8A8Weight) and down.fidx is not None and down.fidx.numel() == 128
+    assert isinstance(down.small, quant.QuantWeight) and down.small.dense is None
     # int8 codes round the file's 4-bit values (times the smoothing factors): within half a step per element
     err = (w.dequantize() - w.small.dequantize()).abs()
     assert (err <= (w.sw[:, None] / 2) * w.inv_s[None, :] + 1e-6).all()
