@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from runtime.config import make_config
-from runtime.executor.forward_batch import ForwardBatch
-from runtime.executor.greedy import OfflineBatch, greedy_generate
+from runtime.executor.greedy import greedy_generate
 from runtime.executor.model_runner import create_model_runner
+from tests.runtime.models.test_model import _ragged_logits
 
 pytestmark = pytest.mark.skipif(os.environ.get("RADIXGEN_TEST_GEMMA") != "1",
                                 reason="the real Gemma 3 comparison runs under `make test-gemma`")
@@ -91,27 +91,12 @@ def test_gemma3_logits_and_greedy_match_transformers(models, hf_reference):
     runner, _, _, tok = models
     prompts = _prompts(tok)
     assert runner.arch.sliding_window == 512 and sum(w > 0 for w in runner.arch.layer_windows) == 15
-    for ids, got, (want, _) in zip(prompts, _last_logits(runner, prompts), hf_reference, strict=True):
+    for ids, got, (want, _) in zip(prompts, _ragged_logits(runner, prompts, last_only=True), hf_reference, strict=True):
         rel = ((got - want).abs().max() / want.abs().max()).item()
         assert rel <= 1e-4, (len(ids), rel)
     ours = greedy_generate(runner, prompts, 64)
     for ids, got, (_, want_ids) in zip(prompts, ours, hf_reference, strict=True):
         assert got == want_ids, len(ids)
-
-
-def _last_logits(runner, prompts: list[list[int]]) -> list[torch.Tensor]:
-    """Last-position logits of a ragged batch of prompts in one prefill (ForwardBatch's default logits rows)."""
-    batch = OfflineBatch(runner, prompts)
-    try:
-        slots = batch._alloc(sum(map(len, prompts)))
-        start = 0
-        for b, ids in enumerate(prompts):
-            runner.req_to_token.write(batch.rows[b], 0, slots[start : start + len(ids)])
-            start += len(ids)
-        fb = ForwardBatch.build(prompts, [0] * len(prompts), slots, batch.rows, 0)
-        return list(runner.forward(fb).float())
-    finally:
-        batch.release()
 
 
 @torch.no_grad()
@@ -149,7 +134,7 @@ def test_gemma3_kept_blocks_match_dequantized(models):
     assert isinstance(head, quant.Int8Weight) and head.codes2 is not None  # the tied Q8_0 table, block scales kept
     assert sum(isinstance(m, quant.QuantWeight) for m in kept.model.modules()) >= 1 + 18  # + Q4_K o_proj
     prompts = _prompts(tok)[:5]
-    for got, want in zip(_last_logits(kept, prompts), _last_logits(runner, prompts), strict=True):
+    for got, want in zip(_ragged_logits(kept, prompts, last_only=True), _ragged_logits(runner, prompts, last_only=True), strict=True):
         rel = ((got - want).abs().max() / want.abs().max()).item()
         assert rel <= 2e-2, rel
         assert got.argmax() == want.argmax()

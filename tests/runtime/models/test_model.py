@@ -12,8 +12,9 @@ from runtime.executor.model_runner import create_model_runner
 from tests.runtime.models.tiny import tiny_checkpoint
 
 
-def _ragged_logits(runner, prompts: list[list[int]]) -> list[torch.Tensor]:
-    """All-position logits for a ragged batch of prompts in one prefill."""
+def _ragged_logits(runner, prompts: list[list[int]], last_only: bool = False) -> list[torch.Tensor]:
+    """Logits for a ragged batch of prompts in one prefill: every position's [len, V] per prompt, or with
+    last_only each prompt's last position [V] (ForwardBatch's default logits rows, float32)."""
     batch = OfflineBatch(runner, prompts)
     try:
         slots = batch._alloc(sum(map(len, prompts)))
@@ -21,6 +22,9 @@ def _ragged_logits(runner, prompts: list[list[int]]) -> list[torch.Tensor]:
         for b, ids in enumerate(prompts):
             runner.req_to_token.write(batch.rows[b], 0, slots[start : start + len(ids)])
             start += len(ids)
+        if last_only:
+            fb = ForwardBatch.build(prompts, [0] * len(prompts), slots, batch.rows, 0)
+            return list(runner.forward(fb).float())
         n = sum(map(len, prompts))
         fb = ForwardBatch.build(prompts, [0] * len(prompts), slots, batch.rows, False, list(range(n)))
         logits = runner.forward(fb)
