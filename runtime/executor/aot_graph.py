@@ -9,13 +9,15 @@ buckets 1,2,4 | 8,16,32 are two graphs. Attention is the opaque custom op `radix
 backend_id)` (runtime/models/attn_op.py; the loading process registers its backend at the same index, so the op
 resolves to that process's backend over its own KV pool).
 
-The weights are not in the package: it is compiled without freezing and with its constants outside the shared
-library, so each constant keeps its original name (`model.layers.0.w_qkv.qs`, ...), and a loading process binds
-its own live model tensors to them (runtime/executor/graph_package.py `bind_constants`, no copy). Measured on
-SmolLM2-135M (bench/results/startup.md): ~50 s for a group against ~80 s for one bucket with frozen, embedded
-weights, ~2 MB on disk against 126-575 MB, and no second copy of the weights in memory. The cache keeps only the
-package's shared library (`graph.so`) and a table of the constants it expects (name, dtype, shape, stride),
-which the binding checks against the live tensors.
+Weights, per group (`weights_mode`):
+- "bound" (every linear runs its quantized kernel): compiled without freezing and with its constants outside the
+  shared library, so each constant keeps its original name (`model.layers.0.w_qkv.qs`, ...) and a loading process
+  binds its own live model tensors to them (runtime/executor/graph_package.py `bind_constants`, no copy) after
+  checking them against the table of constants the library expects (name, dtype, shape, stride). ~2 MB on disk.
+- "embedded" (the group multiplies dense float weights): frozen, the weights prepacked into the library for the
+  GEMM (1.7x faster at 32 rows than unfrozen on SmolLM2's dense copies), one copy for the whole group.
+The cache keeps only the package's shared library (`graph.so`) and, for bound groups, the constants table.
+Figures: bench/results/startup.md.
 
 The cache key names everything the generated code depends on: the model file's identity, dtype, quantization
 and its kernel, KV dtype, attention backend and its registry index, this package's own source hash, the torch
@@ -121,14 +123,15 @@ def row_thresholds(model: torch.nn.Module) -> set[int]:
     (from there on one dense GEMM, kernels/quant/weights.py) and each int8 linear's `min_rows` when it has a
     kernel for fewer rows (kernels/quant/w8a8.py). A group spanning one of these would not export: its graph
     would guard on the batch size."""
+    from kernels.quant.w8a8 import W8A8Weight
     from kernels.quant.weights import QuantWeight
 
     out: set[int] = set()
     for m in model.modules():
         if isinstance(m, QuantWeight) and m.dense_copies:
             out.add(int(m.dense_min_rows))
-        if isinstance(m, QuantWeight) and getattr(m, "small", None) is not None:
-            out.add(int(getattr(m, "min_rows", 1)))
+        if isinstance(m, W8A8Weight) and m.small is not None:
+            out.add(m.min_rows)
     return out
 
 
