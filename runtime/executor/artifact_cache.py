@@ -1,7 +1,9 @@
-"""On-disk cache of compiled decode graphs (AOTInductor packages), one entry per key.
+"""On-disk cache of start-up artifacts, one entry per key: compiled decode graphs (AOTInductor packages), and
+int8 calibration statistics (runtime/executor/calibration_cache.py, payload calibration.safetensors).
 
 Layout under the root (default ~/.cache/radixgen/graphs, RADIXGEN_CACHE_DIR or --compile-cache-dir):
-  <digest>/graph.so       the compiled graph (an AOTInductor package's shared library, weights embedded)
+  <digest>/graph.so       the compiled graph (an AOTInductor package's shared library, weights embedded), or the
+                          cache's own payload file
   <digest>/graph.json     its custom-op call table, when the graph has one (a sidecar: see `store`)
   <digest>/entry.json     {"key": {...}, "sha256": hex of graph.so, "bytes": n,
                            "sidecar": {"sha256": hex of graph.json, "bytes": n} or absent,
@@ -52,9 +54,13 @@ def file_sha256(path: Path) -> str:
 
 
 class ArtifactCache:
-    def __init__(self, root: str | Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, root: str | Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES, payload: str = PACKAGE,
+                 label: str = "compiled graph cache") -> None:
+        """`payload`: the file name an entry's main file gets (graph.so for decode graphs); `label` names the
+        cache in its warnings."""
         self.root = Path(root) if root else default_root()
         self.max_bytes = max_bytes
+        self.payload, self.label = payload, label
         self.hits = self.misses = self.rejected = 0
 
     def entry_dir(self, key: dict[str, Any]) -> Path:
@@ -76,12 +82,12 @@ class ArtifactCache:
         why = self._verify(d, key, meta)
         if why is not None:
             self.rejected += 1
-            log.warning("compiled graph cache: rejected entry %s (%s); it will be recompiled", d, why)
+            log.warning("%s: rejected entry %s (%s); it will be made again", self.label, d, why)
             shutil.rmtree(d, ignore_errors=True)
             return None
         self.hits += 1
         os.utime(manifest)  # LRU: most recently used
-        return d / PACKAGE, meta
+        return d / self.payload, meta
 
     def _verify(self, d: Path, key: dict[str, Any], out: dict[str, Any]) -> str | None:
         """None when the entry is trustworthy (its manifest then copied into `out`), else why not."""
@@ -91,7 +97,7 @@ class ArtifactCache:
             return f"unreadable manifest: {type(e).__name__}"
         if not isinstance(meta, dict) or meta.get("key") != key:
             return "key mismatch"
-        files = [(d / PACKAGE, meta)]
+        files = [(d / self.payload, meta)]
         if isinstance(meta.get("sidecar"), dict):
             files.append((d / SIDECAR, meta["sidecar"]))
         elif (d / SIDECAR).exists():
@@ -108,7 +114,7 @@ class ArtifactCache:
     def discard(self, key: dict[str, Any], why: str) -> None:
         """Remove the entry for `key` (it verified but did not load): counted as rejected, recompiled."""
         self.rejected += 1
-        log.warning("compiled graph cache: rejected entry %s (%s); it will be recompiled", self.entry_dir(key), why)
+        log.warning("%s: rejected entry %s (%s); it will be made again", self.label, self.entry_dir(key), why)
         shutil.rmtree(self.entry_dir(key), ignore_errors=True)
 
     def store(self, key: dict[str, Any], package: Path, constants: list[Any] | None = None) -> Path:
@@ -116,9 +122,9 @@ class ArtifactCache:
         `key` (replacing any old one), its constants table in the manifest; returns the package's final path."""
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root))
-        shutil.move(str(package), tmp / PACKAGE)
-        meta: dict[str, Any] = {"key": key, "sha256": file_sha256(tmp / PACKAGE),
-                                "bytes": (tmp / PACKAGE).stat().st_size}
+        shutil.move(str(package), tmp / self.payload)
+        meta: dict[str, Any] = {"key": key, "sha256": file_sha256(tmp / self.payload),
+                                "bytes": (tmp / self.payload).stat().st_size}
         side = package.with_suffix(".json")
         if side.exists():
             shutil.move(str(side), tmp / SIDECAR)
@@ -131,7 +137,7 @@ class ArtifactCache:
             shutil.rmtree(d, ignore_errors=True)
         os.replace(tmp, d)
         self.evict(keep=d)
-        return d / PACKAGE
+        return d / self.payload
 
     def entries(self) -> list[tuple[Path, int, float]]:
         """(dir, bytes, last use) of every published entry."""

@@ -30,6 +30,7 @@ from kernels.quant.w8a8 import describe_plan as describe_int8_plan
 from runtime.config import Config, resolve
 from runtime.env import load_env
 from runtime.executor import tp
+from runtime.executor.calibration_cache import calibration_store
 from runtime.executor.compile_manager import CompileManager
 from runtime.executor.compiled import build_compiled_decode, start_packaged_decode
 from runtime.executor.cuda_graph import CudaGraphRunner, DecodeGraphRunner
@@ -82,8 +83,13 @@ class ModelRunner:
         self.model = LlamaForCausalLM(arch, weights, self.device, self.dtype, reduce=reduce)
         self.dense_copy_bytes = 0  # copies of quantized weights for batched calls (--quantization-dense-rows)
         self.int8_linears = 0  # W8A8 linears (--quantization w8a8_int8): int8 arithmetic for calls of many rows
+        self.int8_calibration = ""  # where their calibration record came from: "cache" or "computed" (+ why unsaved)
         if mc.quantization == W8A8:  # int8 classes calibrated; the rest keep dense copies below (int8_calibration)
-            self.int8_linears = len(setup_int8(self.model, mc.quantization_int8_rows))
+            store = calibration_store(self.model_path, mc.quantization_group_size,
+                                      mc.compile_cache_dir or load_env().cache_dir, mc.compile_cache_max_mb << 20)
+            self.int8_linears = len(setup_int8(self.model, mc.quantization_int8_rows, store))
+            self.int8_calibration = store.source
+            log.info("int8 calibration record: %s", store.source)
             dense = (f"; {'/'.join(INT8_DENSE_CLASSES)} rows >= {mc.quantization_int8_rows}: dense {mc.dtype} copy"
                      if INT8_DENSE_CLASSES else "")
             log.info("%s%s", describe_int8_plan(self.model, LINEAR_WEIGHTS), dense)

@@ -23,6 +23,7 @@ Deterministic: same file, same factors.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -96,9 +97,11 @@ def calibration_ids(model: LlamaForCausalLM, tokens: int = CALIBRATION_TOKENS,
 @torch.inference_mode()
 def observe(model: LlamaForCausalLM, classes: tuple[str, ...], min_rows: int, seqs: list[list[int]]
             ) -> list[W8A8Weight]:
-    """Wrap the `classes` linears of `model` (runtime.models.llama) in W8A8Weights and record each one's largest
-    |input| per channel over `seqs` (one batched forward); returns them, codes not yet smoothed."""
-    weights = wrap_linears(model, classes, min_rows)
+    """Wrap the `classes` linears of `model` (runtime.models.llama) in W8A8Weights (those not wrapped yet) and
+    record each one's largest |input| per channel over `seqs` (one batched forward); returns them, codes not yet
+    smoothed."""
+    wrap_linears(model, classes, min_rows)
+    weights = [w for m in model.modules() for c in classes if isinstance(w := m._modules.get(c), W8A8Weight)]
     for w in weights:
         w.observe(True)
     try:
@@ -119,16 +122,42 @@ def smooth_all(model: LlamaForCausalLM, alphas: dict[str, float], float_channels
                 q.smooth(q.small.dequantize(), alpha, float_channels.get(name, 0))
 
 
+class AmaxStore(Protocol):
+    """Where calibration's record can be kept between starts (runtime/executor/calibration_cache.py)."""
+
+    def load(self, shapes: dict[str, int]) -> dict[str, torch.Tensor] | None:
+        """The record for these linears (module name -> in_features), checked, or None."""
+        ...
+
+    def save(self, amax: dict[str, torch.Tensor]) -> None: ...
+
+
+def int8_weights(model: LlamaForCausalLM) -> dict[str, W8A8Weight]:
+    """Every W8A8Weight of `model` by its module name."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, W8A8Weight)}
+
+
 @torch.inference_mode()
-def setup_int8(model: LlamaForCausalLM, min_rows: int) -> list[W8A8Weight]:
+def setup_int8(model: LlamaForCausalLM, min_rows: int, store: AmaxStore | None = None) -> list[W8A8Weight]:
     """Wrap the INT8_CLASSES linears of `model` in W8A8Weights and calibrate their smoothing; returns them.
-    DENSE_CLASSES are left to the caller's dense copies."""
-    kept = {m: (m.dense, m.dense_min_rows) for m in model.modules() if isinstance(m, QuantWeight)}
-    keep_dense_copies(model, 1, torch.float32)  # transient (module doc)
-    try:
-        weights = observe(model, tuple(INT8_CLASSES), min_rows, calibration_ids(model))
-    finally:
-        for m, (dense, rows) in kept.items():
-            m.dense, m.dense_min_rows = dense, rows
+    DENSE_CLASSES are left to the caller's dense copies. With a `store`, a record it holds for these linears
+    replaces calibration's two forward passes, and a record computed here is saved to it."""
+    wrap_linears(model, tuple(INT8_CLASSES), min_rows)
+    named = int8_weights(model)
+    amax = store.load({n: w.in_features for n, w in named.items()}) if store is not None else None
+    if amax is None:
+        kept = {m: (m.dense, m.dense_min_rows) for m in model.modules()
+                if isinstance(m, QuantWeight) and not isinstance(m, W8A8Weight)}
+        keep_dense_copies(model, 1, torch.float32)  # transient (module doc)
+        try:
+            observe(model, tuple(INT8_CLASSES), min_rows, calibration_ids(model))
+        finally:
+            for m, (dense, rows) in kept.items():
+                m.dense, m.dense_min_rows = dense, rows
+        amax = {n: w.amax for n, w in named.items() if w.amax is not None}
+        if store is not None:
+            store.save(amax)
+    for n, w in named.items():
+        w.amax = amax[n]
     smooth_all(model, INT8_CLASSES, FLOAT_CHANNELS)
-    return weights
+    return list(named.values())

@@ -144,13 +144,15 @@ def test_quantized_checkpoints_are_refused(tmp_path) -> None:
         load_weights(path, torch.float32, progress=False)
 
 
-def test_w8a8_int8_serves_smollm(smollm_path, hf_smollm) -> None:
+def test_w8a8_int8_serves_smollm(smollm_path, hf_smollm, tmp_path) -> None:
     """--quantization w8a8_int8: every int8 linear keeps its GGUF weight-only kernel for calls of < 8 rows and gets int8
     codes per channel for the int8 arithmetic above; greedy decoding of a batch that crosses the threshold (a
     9-row prefill, then 9-row decode steps, all int8) answers Paris, and the 1-row prompt alone (weight-only
-    decode) too."""
-    runner = create_model_runner(make_config(model_path=smollm_path, max_total_tokens=1024,
-                                             quantization="w8a8_int8"), progress=False)
+    decode) too. A second start reads the calibration record the first stored and rounds the same codes."""
+    cfg = make_config(model_path=smollm_path, max_total_tokens=1024, quantization="w8a8_int8",
+                      compile_cache_dir=str(tmp_path))
+    runner = create_model_runner(cfg, progress=False)
+    assert runner.int8_calibration == "computed"
     assert runner.int8_linears == 30 * 4 + 1 and runner.dense_copy_bytes == 0  # every linear class runs int8
     w = runner.model.layers[3].w_qkv
     assert isinstance(w, quant.W8A8Weight) and w.min_rows == 8
@@ -173,6 +175,16 @@ def test_w8a8_int8_serves_smollm(smollm_path, hf_smollm) -> None:
     assert all(o == outs[0] for o in outs)  # rows are batch-invariant under int8
     alone = greedy_generate(runner, [prompt[-1:]], 1)  # one row: the weight-only kernels
     assert len(alone[0]) == 1
+    again = create_model_runner(cfg, progress=False)
+    assert again.int8_calibration == "cache"
+    first = dict(runner.model.named_modules())
+    for name, m in again.model.named_modules():
+        if isinstance(m, quant.W8A8Weight):
+            ref = first[name]
+            assert isinstance(ref, quant.W8A8Weight)
+            for attr in ("wt", "sw", "inv_s", "fidx", "wf"):
+                a, b = getattr(m, attr), getattr(ref, attr)
+                assert (a is None and b is None) or torch.equal(a, b), (name, attr)
     with pytest.raises(ValueError, match="w8a8_int8 runs on CPU only"):
         resolve(make_config(device="cuda", quantization="w8a8_int8"))
     with pytest.raises(ValueError, match="--quantization-int8-rows must be >= 1"):
