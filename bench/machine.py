@@ -1,12 +1,12 @@
 """The machine a benchmark ran on, in one line for its results file: CPU model, vCPUs and the instruction-set
-flags radixgen's kernel choices depend on (AVX2, AVX-512, native bf16, AMX)."""
+flags radixgen's kernel choices depend on (AVX2, AVX-512, VNNI, native bf16, AMX)."""
 
 from __future__ import annotations
 
 import os
 import platform
 
-ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "amx_bf16")
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 
 
 def cpuinfo(key: str) -> str:
