@@ -50,9 +50,21 @@ void decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
     TORCH_CHECK(lens[b] >= 1 && lens[b] <= C, "decode: bad sequence length ", lens[b]);
     total += lens[b];
   }
-  TORCH_CHECK(P >= 0 && (B == 0 || P < *std::min_element(lens, lens + B)), "decode: shared prefix too long");
-  if (B < 2) P = 0;
-  total -= int64_t(B - 1) * P;  // keys actually read per KV head
+  TORCH_CHECK(P >= 0 && P < C, "decode: bad shared prefix length ", P);
+  // Sharing rows sh: those longer than P (their first P slots are those of sh[0]); a shorter row (a graph's
+  // padding row, a short request) reads all its keys itself.
+  std::vector<int> sh;
+  for (int b = 0; b < B; ++b)
+    if (lens[b] > P) sh.push_back(b);
+  if (sh.size() < 2) P = 0;
+  if (P == 0) {
+    sh.resize(B);
+    for (int b = 0; b < B; ++b) sh[b] = b;
+  }
+  const int S = int(sh.size());
+  std::vector<int64_t> off(B, 0);  // first key of row b's own items
+  for (int b : sh) off[b] = P;
+  total -= int64_t(S - 1) * P;  // keys actually read per KV head
   // Chunk length: about 8 items per thread, at least one block.
   const int threads = at::get_num_threads();
   const int64_t target = 8LL * threads;
@@ -60,7 +72,7 @@ void decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
   chunk = std::max<int64_t>(BLK, (chunk + BLK - 1) / BLK * BLK);
   // Shared prefix: n_pre chunks of pre_chunk keys, each a partial of every row. Row kernel: one item per chunk
   // (all KV heads); brgemm: one item per (chunk, KV head), item it = c * Hkv + h.
-  const amx::SharedPath path = P > 0 ? amx::shared_path<R>(B * G, D) : amx::SharedPath::rows;
+  const amx::SharedPath path = P > 0 ? amx::shared_path<R>(S * G, D) : amx::SharedPath::rows;
   const bool gemm = path != amx::SharedPath::rows;
   const int64_t pre_chunk = gemm ? amx::shared_chunk(P, Hkv, threads) : chunk;
   const int64_t n_pre = (P + pre_chunk - 1) / pre_chunk;
@@ -68,11 +80,12 @@ void decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
   int64_t max_parts = 0;
   item_start[0] = gemm ? n_pre * Hkv : n_pre;
   for (int b = 0; b < B; ++b) {
-    n_own[b] = (lens[b] - P + chunk - 1) / chunk;
+    n_own[b] = (lens[b] - off[b] + chunk - 1) / chunk;
     max_parts = std::max(max_parts, n_pre + n_own[b]);
     item_start[b + 1] = item_start[b] + n_own[b];
   }
-  // Partials: o [B, max_parts, Hq, D], lse [B, max_parts, Hq] (float32); request b's are [0, n_pre + n_own[b]).
+  // Partials: o [B, max_parts, Hq, D], lse [B, max_parts, Hq] (float32); request b's are [0, n_pre + n_own[b])
+  // if it shares the prefix, else [n_pre, n_pre + n_own[b]).
   std::vector<float> part_o(size_t(B) * max_parts * Hq * D), part_lse(size_t(B) * max_parts * Hq);
   auto part = [&](int b, int64_t p) { return (int64_t(b) * max_parts + p) * Hq; };
   const float sc = float(scale);
@@ -82,21 +95,21 @@ void decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
     for (int x = 0; x < D; ++x) dst[x] = o[x] * inv;
     part_lse[dst_row] = m + std::log(l);
   };
-  // brgemm prefix item: chunk c, KV head h, rows (b, g) of A are request b's query head h*G + g.
+  // brgemm prefix item: chunk c, KV head h, rows (i, g) of A are sharing request sh[i]'s query head h*G + g.
   auto gemm_item = [&]<typename T>(int64_t it) {
     thread_local amx::Buffers<T> buf;
     const int64_t c = it / Hkv, j0 = c * pre_chunk, n = std::min(pre_chunk, P - j0);
-    const int h = it % Hkv, M = B * G;
+    const int h = it % Hkv, M = S * G;
     std::vector<const Q*> qr(M);
-    for (int b = 0; b < B; ++b)
-      for (int g = 0; g < G; ++g) qr[b * G + g] = qp + b * qs0 + (h * G + g) * qs1;
-    amx::attend_keys(amx::KvView<R>{kl + h * D, vl + h * D, rs}, tab + rows[0] * C + j0, int(n), qr.data(), M, D,
-                     sc, buf);
+    for (int i = 0; i < S; ++i)
+      for (int g = 0; g < G; ++g) qr[i * G + g] = qp + sh[i] * qs0 + (h * G + g) * qs1;
+    amx::attend_keys(amx::KvView<R>{kl + h * D, vl + h * D, rs}, tab + rows[sh[0]] * C + j0, int(n), qr.data(), M,
+                     D, sc, buf);
     for (int m = 0; m < M; ++m)
-      save(buf.o.data() + size_t(m) * D, buf.m[m], buf.l[m], part(m / G, c) + h * G + m % G);
+      save(buf.o.data() + size_t(m) * D, buf.m[m], buf.l[m], part(sh[m / G], c) + h * G + m % G);
     at::native::cpublas::brgemm_release();
   };
-  const int max_m = std::max(Hq, P > 0 && !gemm ? B * Hq : 0);
+  const int max_m = std::max(Hq, P > 0 && !gemm ? S * Hq : 0);
   run_items(item_start[B], max_m, D, Hkv * D, [&](int64_t it, Scratch& s) {
     if (it < item_start[0] && gemm) {
       if constexpr (std::is_same_v<R, uint16_t>) {
@@ -104,23 +117,23 @@ void decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
       }
       return gemm_item.template operator()<float>(it);
     }
-    if (it < item_start[0]) {  // shared prefix chunk c = it, all B*Hq rows ordered (h, b, g)
+    if (it < item_start[0]) {  // shared prefix chunk c = it, all S*Hq rows ordered (h, i, g), row sh[i]
       const int64_t j0 = it * chunk, n = std::min(chunk, P - j0);
-      Rows<R, DT> rw(Hkv, B * G, D, sc, s);
+      Rows<R, DT> rw(Hkv, S * G, D, sc, s);
       for (int h = 0; h < Hkv; ++h)
-        for (int b = 0; b < B; ++b)
-          for (int g = 0; g < G; ++g) load_q(s, (h * B + b) * G + g, qp + b * qs0 + (h * G + g) * qs1, D, sc);
+        for (int i = 0; i < S; ++i)
+          for (int g = 0; g < G; ++g) load_q(s, (h * S + i) * G + g, qp + sh[i] * qs0 + (h * G + g) * qs1, D, sc);
       rw.init();
-      rw.attend(tab + rows[0] * C + j0, n, kl, vl, rs, nullptr);
+      rw.attend(tab + rows[sh[0]] * C + j0, n, kl, vl, rs, nullptr);
       for (int m = 0; m < rw.M; ++m) {
-        const int h = m / (B * G), b = (m / G) % B, g = m % G;
+        const int h = m / (S * G), b = sh[(m / G) % S], g = m % G;
         save(s.o.data() + size_t(m) * D, s.m[m], s.l[m], part(b, it) + h * G + g);
       }
       return;
     }
     // request b's own keys, chunk c; rows are its Hq query heads in order (h, g)
     const int b = std::upper_bound(item_start.begin(), item_start.end(), it) - item_start.begin() - 1;
-    const int64_t c = it - item_start[b], j0 = P + c * chunk, n = std::min(chunk, lens[b] - j0);
+    const int64_t c = it - item_start[b], j0 = off[b] + c * chunk, n = std::min(chunk, lens[b] - j0);
     Rows<R, DT> rw(Hkv, G, D, sc, s);
     for (int hq = 0; hq < Hq; ++hq) load_q(s, hq, qp + b * qs0 + hq * qs1, D, sc);
     rw.init();
@@ -132,12 +145,12 @@ void decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
     std::vector<float> acc(D);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int b = bh / Hq, hq = bh % Hq;
-      const int64_t np = n_pre + n_own[b];
+      const int64_t np = n_pre + n_own[b], p0 = off[b] == P ? 0 : n_pre;  // a non-sharing row has no prefix parts
       float mx = NEG_INF;
-      for (int64_t p = 0; p < np; ++p) mx = std::max(mx, part_lse[part(b, p) + hq]);
+      for (int64_t p = p0; p < np; ++p) mx = std::max(mx, part_lse[part(b, p) + hq]);
       std::fill(acc.begin(), acc.end(), 0.0f);
       float wsum = 0.0f;
-      for (int64_t p = 0; p < np; ++p) {
+      for (int64_t p = p0; p < np; ++p) {
         const float w = std::exp(part_lse[part(b, p) + hq] - mx);
         wsum += w;
         const float* o = part_o.data() + (part(b, p) + hq) * D;

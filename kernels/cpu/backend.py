@@ -24,7 +24,7 @@ class DecodePart(NamedTuple):
     rows: torch.Tensor  # [Bd] int64 rows of req_to_token
     seq_lens: torch.Tensor  # [Bd] int64
     loc: torch.Tensor  # [Bd] int64 slots of the new tokens
-    shared_len: int  # leading slots shared by every row (0: none)
+    shared_len: int  # leading slots shared by every row longer than it (0: none)
 
 
 class ExtendPart(NamedTuple):
@@ -46,6 +46,18 @@ def shared_prefix_len(req_to_token: torch.Tensor, rows: torch.Tensor, limits: tu
     same = (lead == lead[:1]).all(0)
     p = int(torch.cumprod(same.to(torch.int32), 0).sum())
     return p if p >= SHARED_MIN_PREFIX else 0
+
+
+def decode_shared_len(req_to_token: torch.Tensor, rows: torch.Tensor, limits: tuple[int, ...]) -> int:
+    """Decode's shared prefix over the rows with at least SHARED_MIN_PREFIX keys before their new one; the
+    others (a compiled graph's padding rows, of seq_len 1; short requests) read their own keys. Invariant the
+    kernel relies on: every row with seq_len > the result shares its first result slots with the others."""
+    long = [i for i, n in enumerate(limits) if n >= SHARED_MIN_PREFIX]
+    if len(long) < 2:
+        return 0
+    if len(long) == len(limits):
+        return shared_prefix_len(req_to_token, rows, limits)
+    return shared_prefix_len(req_to_token, rows[long], tuple(limits[i] for i in long))
 
 
 class CpuAttnBackend(BaseAttnBackend):
@@ -98,7 +110,7 @@ class CpuAttnBackend(BaseAttnBackend):
         nd = m.num_decode
         rows = m.req_pool_indices[:nd]
         limits = tuple(n - 1 for n in m.seq_lens_cpu[:nd])  # each row keeps >= 1 key of its own
-        p = shared_prefix_len(m.req_to_token, rows, limits) if self.use_shared_prefix else 0
+        p = decode_shared_len(m.req_to_token, rows, limits) if self.use_shared_prefix else 0
         return DecodePart(rows, m.seq_lens[:nd], m.out_cache_loc[:nd], p)
 
     def _plan_extend(self, m: AttnMetadata, first: int) -> ExtendPart:

@@ -25,6 +25,8 @@ enum class SharedPath { rows, brgemm_bf16, brgemm_f32 };
 // Measured on a 2-core AMX Xeon (1,500 shared + 100 own keys, G = 3): at B = 6 (M = 18) brgemm takes bf16 0.18
 // vs 0.33 ms per layer, float32 0.33 vs 0.39; B = 4 (M = 12) was not measured on brgemm.
 // bf16 AMX tiles beat the row kernel from M = B*G >= GEMM_MIN_ROWS; float32 brgemm (AVX-512 FMA) does too.
+// A float16 pool under float32 q (AVX-512 variant) packs its blocks to float32: on a 2-vCPU Ice Lake, 16 rows
+// over a 2,150-key prefix (bench/step_profile.py `rag`) the row kernel's shared pass ran at ~42 GFLOP/s.
 constexpr int GEMM_MIN_ROWS = 16;
 
 template <typename R>
@@ -33,7 +35,13 @@ inline SharedPath shared_path(int M, int D) {
   if constexpr (std::is_same_v<R, float>) return SharedPath::brgemm_f32;
   else if constexpr (std::is_same_v<R, uint16_t>)
     return available<uint16_t>() ? SharedPath::brgemm_bf16 : SharedPath::rows;  // AMX brgemm or vdpbf16ps
-  else return SharedPath::rows;  // float16 pools: the row kernel
+  else {
+#if defined(__AVX512F__)
+    return SharedPath::brgemm_f32;  // float16 pools: widened to float32 while packing (extend_amx.h)
+#else
+    return SharedPath::rows;  // float16 pools without AVX-512: the row kernel (F16C in place)
+#endif
+  }
 }
 
 // Keys per shared-prefix chunk: whole NB blocks, few enough items per KV head that each amortizes its setup

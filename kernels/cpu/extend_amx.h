@@ -50,8 +50,75 @@ inline size_t block_elems(int D) { return size_t(2) * D * NB; }
 //       Bv [NB/2, D, 2]: element (i, d, e) = V row (2i + e), column d (VNNI pairs).
 // float: Bk [D, NB] = K^T; Bv [NB, D] = V rows.   Keys past nb are zero in both.
 // R is the pool's element type, T the packed one (bf16 pools pack to float32 where bf16 brgemm is unavailable).
+#if defined(__AVX512F__)
+// 16 consecutive pool elements (float32, bf16 bits or float16) as float32 lanes.
+inline __m512 load16_f32(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16_f32(const uint16_t* p) {
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+inline __m512 load16_f32(const at::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// In-register transpose of a 16 x 16 float32 tile: afterwards r[j] lane i = r[i] lane j before.
+// Stage 1-2 (within 128-bit lanes): u[4a + c] lane k = rows 4a..4a+3 of column 4k + c; stage 3-4 move lanes.
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  __m512 u[16];
+  for (int a = 0; a < 4; ++a) {
+    const __m512 *t0 = t + 4 * a, *t1 = t + 4 * a + 2;  // unpack lo/hi of rows (4a, 4a+1) and (4a+2, 4a+3)
+    u[4 * a + 0] = _mm512_shuffle_ps(t0[0], t1[0], 0x44);
+    u[4 * a + 1] = _mm512_shuffle_ps(t0[0], t1[0], 0xEE);
+    u[4 * a + 2] = _mm512_shuffle_ps(t0[1], t1[1], 0x44);
+    u[4 * a + 3] = _mm512_shuffle_ps(t0[1], t1[1], 0xEE);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512 v = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), w = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
+    const __m512 x = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+    const __m512 y = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+    r[c] = _mm512_shuffle_f32x4(v, x, 0x88);
+    r[8 + c] = _mm512_shuffle_f32x4(v, x, 0xDD);
+    r[4 + c] = _mm512_shuffle_f32x4(w, y, 0x88);
+    r[12 + c] = _mm512_shuffle_f32x4(w, y, 0xDD);
+  }
+}
+
+// pack_block to float32 blocks (any pool type), D % 16 == 0: K^T by 16 x 16 register transposes (16 keys x
+// 16 dims per tile), V rows widened 16 lanes at a time; keys past nb are zero.
+template <typename R>
+inline void pack_block_f32(const R* kbase, const R* vbase, int64_t rs, const int32_t* slot, int nb, int D,
+                           float* dst) {
+  const __m512 zero = _mm512_setzero_ps();
+  float* bv = dst + size_t(D) * NB;
+  for (int j0 = 0; j0 < NB; j0 += 16) {
+    const int n = std::max(0, std::min(16, nb - j0));  // real keys of this group of 16
+    for (int d0 = 0; d0 < D; d0 += 16) {
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i) r[i] = i < n ? load16_f32(kbase + int64_t(slot[j0 + i]) * rs + d0) : zero;
+      if (n > 0) transpose16(r);
+      for (int x = 0; x < 16; ++x) _mm512_storeu_ps(dst + size_t(d0 + x) * NB + j0, r[x]);
+    }
+    for (int i = 0; i < 16; ++i) {
+      float* o = bv + size_t(j0 + i) * D;
+      const R* vr = i < n ? vbase + int64_t(slot[j0 + i]) * rs : nullptr;
+      for (int d0 = 0; d0 < D; d0 += 16) _mm512_storeu_ps(o + d0, vr ? load16_f32(vr + d0) : zero);
+    }
+  }
+}
+#endif
+
 template <typename R, typename T>
 inline void pack_block(const R* kbase, const R* vbase, int64_t rs, const int32_t* slot, int nb, int D, T* dst) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (D % 16 == 0) return pack_block_f32(kbase, vbase, rs, slot, nb, D, dst);
+  }
+#endif
   if constexpr (!std::is_same_v<R, T>) {  // bf16 or float16 pool -> float32 blocks
     for (int j = 0; j < NB; ++j) {
       if (j < nb) {

@@ -13,7 +13,7 @@ attend, reading K/V slots in place through `req_to_token`. All index/length tens
       k_cache [L, S, Hkv, D] (mutated), v_cache (mutated), layer: int,
       out_cache_loc [B] int64,                         # slot of each new token
       req_to_token [R, C] int32, req_pool_indices [B] int64, seq_lens [B] int64,   # seq_len includes the new token
-      shared_len: int,                                 # leading slots all B rows share (0: none); < min(seq_lens)
+      shared_len: int,                                 # leading slots every row with seq_len > it shares (0: none)
       scale: float) -> out [B, Hq, D]
   torch.ops.radixgen.attn_extend(
       q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D],      # requests' new tokens concatenated, T = sum(extend_lens)
