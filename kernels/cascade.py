@@ -9,6 +9,8 @@ per request per layer; here it is read once per layer for the whole batch:
     merge:   out = exp(lse1 - lse) * o1 + exp(lse2 - lse) * o2,  lse = logaddexp(lse1, lse2)
 
 which is exact softmax attention over the concatenation (up to float rounding). Computed in float32.
+Rows shorter than the shared prefix (a compiled graph's padding rows, a short request decoding beside long ones)
+take no prefix part (its lse is -inf, its weight 0): their suffix is all their keys.
 Shapes: q [B, Hq, D]; kc, vc [S, Hkv, D]; Hq = Hkv * G.
 """
 
@@ -25,30 +27,37 @@ CASCADE_MIN_PREFIX = 256  # shorter shared prefixes are not worth a second pass
 
 @dataclass(frozen=True)
 class CascadePlan:
-    prefix_slots: torch.Tensor  # [P] int64, shared by every request of the batch
+    prefix_slots: torch.Tensor  # [P] int64, shared by every request with seq_len > P
     suffix_slots: torch.Tensor  # [B, Ls] int64 (padding positions hold any valid slot)
     suffix_mask: torch.Tensor  # [B, Ls] bool, True where a position is part of the request
+    shares: torch.Tensor  # [B] bool, whether the request takes the prefix part (seq_len > P)
 
 
 def plan_cascade(
     slots: torch.Tensor, seq_lens: torch.Tensor, min_prefix: int = CASCADE_MIN_PREFIX
 ) -> CascadePlan | None:
-    """slots [B, L] (row b valid up to seq_lens[b]); a plan when all rows share >= min_prefix leading slots.
+    """slots [B, L] (row b valid up to seq_lens[b]); a plan when the rows with >= min_prefix keys before their
+    last (at least two) share >= min_prefix leading slots; shorter rows then read all their keys as suffix.
 
-    Invariant: every request keeps at least one suffix position (P <= min(seq_lens) - 1), so each suffix
-    softmax has a finite log-sum-exp.
+    Invariant: every request keeps at least one suffix position (P <= seq_len - 1 for each sharing row), so
+    each suffix softmax has a finite log-sum-exp.
     """
-    b = slots.shape[0]
-    shortest = int(seq_lens.min())
-    if b < 2 or shortest - 1 < min_prefix:
+    long = (seq_lens - 1 >= min_prefix).nonzero().flatten()
+    if long.numel() < 2:
         return None
-    same = (slots[:, : shortest - 1] == slots[:1, : shortest - 1]).all(0)  # [shortest - 1]
+    shortest = int(seq_lens[long].min())
+    lead = slots[long, : shortest - 1]
+    same = (lead == lead[:1]).all(0)  # [shortest - 1]
     p = int(torch.cumprod(same.to(torch.int32), 0).sum())
     if p < min_prefix:
         return None
-    width = int(seq_lens.max()) - p
+    shares = seq_lens > p
+    start = torch.where(shares, p, 0)  # [B] first suffix position
+    width = int((seq_lens - start).max())
     pos = torch.arange(width, device=slots.device)
-    return CascadePlan(slots[0, :p], slots[:, p : p + width], pos.unsqueeze(0) < (seq_lens - p).unsqueeze(1))
+    idx = (start.unsqueeze(1) + pos.unsqueeze(0)).clamp_(max=slots.shape[1] - 1)  # [B, width]
+    return CascadePlan(slots[long[0], :p], slots.gather(1, idx), pos.unsqueeze(0) < (seq_lens - start).unsqueeze(1),
+                       shares)
 
 
 def cascade_decode_attention(
@@ -75,6 +84,7 @@ def cascade_decode_attention(
     s2.masked_fill_(~plan.suffix_mask[:, None, None, :], float("-inf"))
     lse2 = torch.logsumexp(s2, -1, keepdim=True)
     o2 = torch.matmul(torch.exp(s2 - lse2), vs)  # [B, Hkv, G, D]
+    lse1 = lse1.masked_fill(~plan.shares.view(b, 1, 1, 1), float("-inf"))  # rows without a prefix part
     lse = torch.logaddexp(lse1, lse2)
     out = torch.exp(lse1 - lse) * o1 + torch.exp(lse2 - lse) * o2
     return out.reshape(b, hq, d).to(q.dtype)

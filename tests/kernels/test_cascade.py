@@ -50,3 +50,17 @@ def test_plan_keeps_one_suffix_token_and_declines_short_or_unshared_prefixes() -
     r2t[1, 10] = 4095 if r2t[1, 10] != 4095 else 4094  # row 1 diverges at position 10
     assert plan_cascade(r2t.long(), lens, min_prefix=256) is None
     assert plan_cascade(r2t[:1].long(), lens[:1], min_prefix=1) is None  # one request: nothing to share
+
+
+def test_rows_shorter_than_the_prefix_read_all_their_keys() -> None:
+    """A compiled graph's padding rows (seq_len 1) and a short request beside long ones keep the prefix pass."""
+    q, kc, vc, r2t, lens = _batch(5, 300, [1, 5, 9, 3, 3], 3, 3)
+    r2t[3, :1] = 4000  # padding-like row: one key of its own
+    r2t[4, :30] = torch.arange(3000, 3030, dtype=torch.int32)  # a short request with 30 keys, none shared
+    lens[3], lens[4] = 1, 30
+    plan = plan_cascade(r2t.long(), lens, min_prefix=256)
+    assert plan is not None and plan.prefix_slots.numel() == 300
+    assert plan.shares.tolist() == [True, True, True, False, False]
+    got = cascade_decode_attention(q, kc, vc, plan, 0.25)
+    want = ref.decode_attention(q, kc, vc, r2t, torch.arange(5), tuple(lens.tolist()), 0.25)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
