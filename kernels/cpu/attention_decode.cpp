@@ -4,13 +4,14 @@
 //
 // B requests x 1 new token. Work items are (KV head, key chunk) for the shared prefix (all B*G query rows of that
 // KV head against one chunk: the prefix is read once per layer) and (request, KV head, key chunk) for each
-// request's own keys (split-KV). Each item leaves a partial (o, lse) per query row; a merge pass combines them by
+// request's own keys (split-KV). Rows no longer than the shared prefix (a compiled graph's padding rows, a short
+// request) skip the shared items and read all their keys as their own. Each item leaves a partial (o, lse) per query row; a merge pass combines them by
 // log-sum-exp. Items are pulled dynamically by every thread. With B*G >= 16 rows per KV head the prefix items run
 // on brgemm instead (decode_shared.h: one item per (KV head, chunk of whole 128-key blocks), bf16 blocks on AMX
 // tiles or AVX-512-BF16 (gemm_bf16.h), or float32 brgemm); else the row kernel (attention_rows.h).
 // Numerics: inputs float32 or bfloat16, scores/softmax/accumulators float32, outputs in the input dtype; a
-// float16 pool (--kv-cache-dtype float16) under float32 q is widened as read (F16C in the AVX2 row kernel) and
-// takes the row kernel for decode's shared prefix.
+// float16 pool (--kv-cache-dtype float16) under float32 q is widened as read (F16C in the AVX2 row kernel); its
+// shared prefix takes float32 brgemm in the AVX-512 variant (blocks widened while packing), else the row kernel.
 // GQA: the G = Hq / Hkv query heads of a KV head are rows of the same item, so each K/V row is read once for them.
 
 #include <ATen/ATen.h>

@@ -200,7 +200,7 @@ def _attend(dtype: torch.dtype, prefix: list[int], extend: list[int], group: int
 ATTN_GRID = [  # (prefix lens, extend lens, group, head_dim, shared prefix)
     ([90, 300, 17], [1, 1, 1], 3, 64, 0),  # decode, row kernel
     ([200] * 6, [1] * 6, 3, 64, 128),  # decode, shared prefix through brgemm (B*G >= 16)
-    ([200] * 6 + [3, 70], [1] * 8, 3, 64, 128),  # decode, two rows shorter than the shared prefix read their own
+    ([200] * 6 + [3, 40], [1] * 8, 3, 64, 128),  # decode, two rows shorter than the shared prefix read their own
     ([40, 100], [1, 1], 1, 128, 0),  # decode, head_dim 128
     ([0, 70], [37, 20], 3, 64, 0),  # extend through brgemm
     ([100, 100], [9, 30], 2, 48, 64),  # extend, head_dim 48: the row kernel

@@ -118,9 +118,10 @@ def test_shared_prefix_cascade_decode_equals_uncached(smollm_runner, tok, monkey
     from kernels.cpu.backend import CpuAttnBackend
 
     doc = " ".join(f"Depot {i} holds {7 * i + 3} crates of copper wire, checked by Mara." for i in range(24))
-    prompts = {f"r{i}": chat(tok, q, system=doc) for i, q in enumerate(["How many crates in depot 3?",
-                                                                        "Who checks the depots?",
-                                                                        "What is stored in depot 5?"])}
+    questions = ["How many crates in depot 3?", "Who checks the depots?", "What is stored in depot 5?",
+                 "Which depot holds 59 crates?", "Is depot 9 checked?", "Name two depots."]
+    # six rows x 3 query heads per KV head = 18 >= 16: the native backend's brgemm shared pass, not the row kernel
+    prompts = {f"r{i}": chat(tok, q, system=doc) for i, q in enumerate(questions)}
     plain, _ = generate(smollm_runner, tok, prompts, max_new=12, disable_radix_cache=True)
     calls = []
     attn = smollm_runner.attn
@@ -130,15 +131,16 @@ def test_shared_prefix_cascade_decode_equals_uncached(smollm_runner, tok, monkey
         def plan(m):
             part = real_plan(m)
             if part.shared_len > 0 and m.batch_size > 1:
-                calls.append(part.shared_len)
+                calls.append(m.num_decode)
             return part
 
         monkeypatch.setattr(attn, "_plan_decode", plan)
     else:
         real = tb.cascade_decode_attention
         monkeypatch.setattr(tb, "cascade_decode_attention", lambda *a: calls.append(1) or real(*a))
-    cached, _ = generate(smollm_runner, tok, prompts, max_new=12, waves=[["r0"], ["r1", "r2"]])
+    cached, _ = generate(smollm_runner, tok, prompts, max_new=12, waves=[["r0"], [f"r{i}" for i in range(1, 6)]])
     assert calls, "the shared-prefix path was not taken"
+    assert not isinstance(attn, CpuAttnBackend) or max(calls) >= 6, "no decode step of 6 rows shared the prefix"
     assert cached == plain
 
 
