@@ -169,10 +169,11 @@ def test_bad_inputs_fail_loud() -> None:
     with pytest.raises(RuntimeError, match="dtype"):
         torch.ops.radixgen.attn_decode(q, q[:, :1], q[:, :1], pb.k_cache, pb.v_cache, 0, meta.out_cache_loc,
                                        pb.req_to_token, pb.req_pool_indices, meta.seq_lens, 0, 0.125)
-    with pytest.raises(RuntimeError, match="shared prefix"):
-        q = torch.randn(1, 1, 64)
-        torch.ops.radixgen.attn_decode(q, q, q, pb.k_cache, pb.v_cache, 0, meta.out_cache_loc, pb.req_to_token,
-                                       pb.req_pool_indices, meta.seq_lens, 5, 0.125)
+    q = torch.randn(1, 1, 64)
+    for bad in (-1, pb.req_to_token.shape[1]):  # a row shorter than shared_len only skips the shared pass
+        with pytest.raises(RuntimeError, match="shared prefix"):
+            torch.ops.radixgen.attn_decode(q, q, q, pb.k_cache, pb.v_cache, 0, meta.out_cache_loc,
+                                           pb.req_to_token, pb.req_pool_indices, meta.seq_lens, bad, 0.125)
 
 
 def test_smollm_greedy_equals_torch_backend(smollm_runner) -> None:

@@ -119,7 +119,7 @@ def test_shared_prefix_cascade_decode_equals_uncached(smollm_runner, tok, monkey
 
     doc = " ".join(f"Depot {i} holds {7 * i + 3} crates of copper wire, checked by Mara." for i in range(24))
     questions = ["How many crates in depot 3?", "Who checks the depots?", "What is stored in depot 5?",
-                 "Which depot holds 59 crates?", "Is depot 9 checked?", "Name two depots."]
+                 "Which depot holds 59 crates?", "Is depot 9 checked?", "Name two depots.", "Who is Mara?"]
     # six rows x 3 query heads per KV head = 18 >= 16: the native backend's brgemm shared pass, not the row kernel
     prompts = {f"r{i}": chat(tok, q, system=doc) for i, q in enumerate(questions)}
     plain, _ = generate(smollm_runner, tok, prompts, max_new=12, disable_radix_cache=True)
@@ -138,7 +138,7 @@ def test_shared_prefix_cascade_decode_equals_uncached(smollm_runner, tok, monkey
     else:
         real = tb.cascade_decode_attention
         monkeypatch.setattr(tb, "cascade_decode_attention", lambda *a: calls.append(1) or real(*a))
-    cached, _ = generate(smollm_runner, tok, prompts, max_new=12, waves=[["r0"], [f"r{i}" for i in range(1, 6)]])
+    cached, _ = generate(smollm_runner, tok, prompts, max_new=12, waves=[["r0"], [f"r{i}" for i in range(1, 7)]])
     assert calls, "the shared-prefix path was not taken"
     assert not isinstance(attn, CpuAttnBackend) or max(calls) >= 6, "no decode step of 6 rows shared the prefix"
     assert cached == plain
