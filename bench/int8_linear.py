@@ -9,10 +9,19 @@ Candidates, each y = x @ W^T for float32 x [M, K], W [N, K]:
   int_mm comp.  the same under torch.compile (inductor fuses the quantization and the dequantization passes)
   int8 fused    kernels/cpu's w8a8_linear: the same per-token quantization, int8 product (vpdpbusd on codes
                 packed at load) and dequantization in one native call (kernels/quant/w8a8.py's native kernel)
+  int_mm core   torch._int_mm alone on codes quantized beforehand, weight codes [K, N] contiguous (the twin's
+                layout): oneDNN's int8 GEMM core, no quantization or dequantization (a ceiling, not a W8A8 call)
+  int_mm core T the same on a transposed view of [N, K] codes
+  hybrid        kernels/cpu's w8a8_int_mm: native per-token quantization, torch._int_mm on the [K, N] codes, native
+                epilogue (dequantization in place) in one op call (kernels/quant/w8a8.py's large-row kernel)
+  hybrid T      the same on a transposed view of [N, K] codes
+  fused +F / hybrid +F  with --float-channels F: the two native ops with F input channels in float (the down
+                projection's outlier channels under --quantization w8a8_int8: fma per channel in the epilogue)
   int4 w-only   the small-batch kernel of --quantization gguf on this CPU (4-bit codes, group 32, kernels.quant's
                 CPU layout: torch's int4pack kernel on bfloat16 activations, or kernels/cpu's on AVX2-only CPUs)
   qlinear       torch.ops.onednn.qlinear_pointwise on a prepacked weight; one activation scale per call (oneDNN's
-                op takes a per-tensor activation scale, so this is an upper bound on speed, not a per-token path)
+                op takes a per-tensor activation scale, so this is an upper bound on speed, not a per-token
+                path); `qlinear core` the same on codes quantized beforehand
 Per shape and M: microseconds per call (median of alternating rounds, each round --calls back-to-back calls) and
 the effective G(FL)OP/s 2 M N K / t.
 
@@ -57,26 +66,32 @@ def w8a8(x: torch.Tensor, wt: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
     return torch._int_mm(q, wt) * sx * sw
 
 
-def qlinear_fn(x: torch.Tensor, w: torch.Tensor, sw: torch.Tensor) -> Callable[[], torch.Tensor] | None:
-    """oneDNN's qlinear on a prepacked int8 weight, per-tensor activation scale computed each call."""
+def qlinear_fns(x: torch.Tensor, w: torch.Tensor, sw: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
+    """oneDNN's qlinear on a prepacked int8 weight: with a per-tensor activation scale computed each call (torch
+    ops), and on codes quantized beforehand (its core: the int8 GEMM with the dequantization fused)."""
     try:
         packed = torch.ops.onednn.qlinear_prepack(w, None)
         zero = torch.zeros(w.shape[0], dtype=torch.int64)
+        zp = torch.zeros((), dtype=torch.int64)
+
+        def call(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+            return torch.ops.onednn.qlinear_pointwise.tensor(
+                q, s, zp, packed, sw, zero, None, 1.0, 0, torch.float32, "none", [], "")
 
         def run() -> torch.Tensor:
             s = x.abs().amax().clamp_min(1e-8) / 127.0
-            q = torch.round(x / s).to(torch.int8)
-            return torch.ops.onednn.qlinear_pointwise.tensor(
-                q, s, torch.zeros((), dtype=torch.int64), packed, sw, zero, None, 1.0, 0, torch.float32,
-                "none", [], "")
+            return call(torch.round(x / s).to(torch.int8), s)
+        s0 = x.abs().amax().clamp_min(1e-8) / 127.0
+        q0 = torch.round(x / s0).to(torch.int8)
         run()
-        return run
+        return {"qlinear (per-tensor)": run, "qlinear core": lambda: call(q0, s0)}
     except Exception as e:  # noqa: BLE001 - report the candidate as unavailable, with why
         print(f"qlinear unavailable: {str(e).splitlines()[0]}", file=sys.stderr)
-        return None
+        return {}
 
 
-def candidates(m: int, n: int, k: int, compiled: Callable, qlinear: bool) -> dict[str, Callable[[], torch.Tensor]]:
+def candidates(m: int, n: int, k: int, compiled: Callable, qlinear: bool, wanted: Callable[[str], bool],
+               nf: int = 0) -> dict[str, Callable[[], torch.Tensor]]:
     g = torch.Generator().manual_seed(m * 7 + n)
     x = torch.randn(m, k, generator=g)
     w = torch.randn(n, k, generator=g) * 0.05
@@ -84,19 +99,27 @@ def candidates(m: int, n: int, k: int, compiled: Callable, qlinear: bool) -> dic
     wq = torch.round(w / sw[:, None]).to(torch.int8)
     wt = wq.t().contiguous()
     wb, xb = w.bfloat16(), x.bfloat16()
-    w4 = to_kernel(quantize(w, "int4", 32), "cpu")
+    w4 = to_kernel(quantize(w, "int4", 32), "cpu") if wanted("int4 w-only") else None
     wp, colsum = cpu_ops.pack_vnni(wt)
+    q, _ = dyn_quant(x)
     out: dict[str, Callable[[], torch.Tensor]] = {
         "int8 fused": lambda: cpu_ops.w8a8_linear(x, wp, colsum, sw),
-        "int4 w-only": lambda: w4(x),
+        "int_mm core": lambda: torch._int_mm(q, wt),
+        "int_mm core T": lambda: torch._int_mm(q, wq.t()),
+        "hybrid": lambda: cpu_ops.w8a8_int_mm(x, wt, sw),
+        "hybrid T": lambda: cpu_ops.w8a8_int_mm(x, wq.t(), sw),
+        "int4 w-only": lambda: w4(x) if w4 is not None else x,
         "fp32 mm": lambda: F.linear(x, w),
         "bf16 mm": lambda: F.linear(xb, wb).float(),
         "int_mm eager": lambda: w8a8(x, wt, sw),
         "int_mm comp.": lambda: compiled(x, wt, sw),
     }
-    ql = qlinear_fn(x, wq, sw) if qlinear else None
-    if ql is not None:
-        out["qlinear (per-tensor)"] = ql
+    if qlinear:
+        out.update(qlinear_fns(x, wq, sw))
+    if nf:
+        fidx, wf = torch.randperm(k, generator=g)[:nf].sort().values, torch.randn(nf, n, generator=g) * 0.05
+        out["fused +F"] = lambda: cpu_ops.w8a8_linear(x, wp, colsum, sw, None, fidx, wf)
+        out["hybrid +F"] = lambda: cpu_ops.w8a8_int_mm(x, wt, sw, None, fidx, wf)
     return out
 
 
@@ -115,12 +138,19 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--qlinear", action="store_true", help="also time oneDNN's qlinear_pointwise")
+    ap.add_argument("--float-channels", type=int, default=0, help="also time the native ops with this many "
+                    "float input channels (fused +F, hybrid +F)")
     ap.add_argument("--only", default=None, help="comma-separated candidate names to time (default: all)")
     ap.add_argument("--out", default=None, help="write the markdown table here too")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cpu_ops.load()
     compiled = torch.compile(w8a8, dynamic=True)
+    only = args.only.split(",") if args.only else None
+
+    def wanted(c: str) -> bool:
+        return (only is None or c in only or (c.startswith("qlinear") and args.qlinear)
+                or (c.endswith("+F") and args.float_channels > 0))
     flags = set(cpuinfo("flags").split())
     isa = ", ".join(f for f in INT8_FLAGS if f in flags) or "none"
     lines = [f"# int8 W8A8 vs float linears on {describe()}", "", f"int8 ISA flags: {isa}", "",
@@ -132,9 +162,8 @@ def main() -> None:
         lines += [f"## {name}: N={n} K={k}", ""]
         header = None
         for m in (int(r) for r in args.rows.split(",")):
-            cands = candidates(m, n, k, compiled, args.qlinear)
-            if args.only:
-                cands = {c: f for c, f in cands.items() if c in args.only.split(",")}
+            cands = {c: f for c, f in candidates(m, n, k, compiled, args.qlinear, wanted,
+                                                     args.float_channels).items() if wanted(c)}
             for fn in cands.values():  # warm-up (and compile for this shape)
                 fn()
                 fn()

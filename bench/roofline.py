@@ -27,7 +27,9 @@ the latter).
 instead times --quantization w8a8_int8 in process (the model runner, eager, no scheduler): the forward of a
 32-concurrent decode step (32 requests of 84 prompt tokens, then 64 decode steps timed one by one: the median
 step) and the prefill of one 1,000-token prompt, with its int8 linears on each kernel of kernels/quant/w8a8.py
-("torch": quantization, torch._int_mm, dequantization as torch ops; "native": kernels/cpu's fused w8a8_linear),
+("torch": quantization, torch._int_mm, dequantization as torch ops; "fused": kernels/cpu's fused w8a8_linear at
+every row count; "int_mm": kernels/cpu's w8a8_int_mm at every row count; "native": what the mode runs, the fused op
+below INT_MM_ROWS rows and w8a8_int_mm from there; --kernels picks them),
 alternating rounds, medians; the step is set against the int8 compute time of the --bounds JSON (this script's
 own output). Writes bench/results/<stem>.md (stem `int8_step` unless --stem).
 """
@@ -264,7 +266,7 @@ def _prefill_s(runner, n: int = 1000) -> float:  # noqa: ANN001
         batch.release()
 
 
-def int8_step(threads: int, rounds: int, bounds_path: str) -> str:
+def int8_step(threads: int, rounds: int, bounds_path: str, kernels: list[str]) -> str:
     """The --int8-step table (module doc), markdown."""
     from kernels.quant.w8a8 import W8A8Weight
 
@@ -272,7 +274,7 @@ def int8_step(threads: int, rounds: int, bounds_path: str) -> str:
     weights = [w for w in runner.model.modules() if isinstance(w, W8A8Weight)]
     with open(bounds_path) as f:
         ideal = bound(json.load(f), "int8", 32, 148)
-    res: dict[str, dict[str, list[float]]] = {k: {"step": [], "prefill": []} for k in ("torch", "native")}
+    res: dict[str, dict[str, list[float]]] = {k: {"step": [], "prefill": []} for k in kernels}
     for _ in range(rounds):
         for kernel, r in res.items():
             for w in weights:
@@ -304,12 +306,13 @@ def main() -> None:
     ap.add_argument("--peers", default=None,
                     help="a bench/peers/run.py JSON: set its radixgen systems' c32 decode step against the int8 bound")
     ap.add_argument("--int8-step", action="store_true", help="time w8a8_int8's step and prefill per int8 kernel")
+    ap.add_argument("--kernels", default="torch,fused,native", help="--int8-step: the int8 kernels to alternate")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--bounds", default=os.path.join(RESULTS, "roofline-avx512.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.int8_step:
-        md = int8_step(args.threads, args.rounds, args.bounds)
+        md = int8_step(args.threads, args.rounds, args.bounds, args.kernels.split(","))
         print(md)
         if args.write_results:
             with open(os.path.join(RESULTS, (args.stem if args.stem != "roofline" else "int8_step") + ".md"), "w") as f:

@@ -34,7 +34,7 @@ import torch
 HERE = Path(__file__).parent
 # Compiled once per ISA variant (each an op family, plus the variant's table of entry points).
 ISA_SOURCES = ("attention_decode.cpp", "attention_extend.cpp", "linear.cpp", "quant_gemv.cpp", "w8a8_linear.cpp",
-               "elementwise.cpp", "isa_table.cpp")
+               "w8a8_int_mm.cpp", "elementwise.cpp", "isa_table.cpp")
 DISPATCH_SOURCE = "dispatch.cpp"  # compiled once, baseline flags
 CFLAGS = ["-O3", "-fopenmp", "-DNDEBUG", "-fPIC", "-std=c++20"]
 DEFAULT_CACHE = Path.home() / ".cache" / "radixgen" / "kernels"

@@ -117,6 +117,11 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& wp, const at::Tens
   return active().w8a8_linear(x, wp, colsum, sw, inv_s, fidx, wf);
 }
 bool w8a8_native() { return active().w8a8_native(); }
+at::Tensor w8a8_int_mm(const at::Tensor& x, const at::Tensor& wt, const at::Tensor& sw,
+                       const std::optional<at::Tensor>& inv_s, const std::optional<at::Tensor>& fidx,
+                       const std::optional<at::Tensor>& wf) {
+  return active().w8a8_int_mm(x, wt, sw, inv_s, fidx, wf);
+}
 std::tuple<at::Tensor, at::Tensor> add_rmsnorm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                                                const at::Tensor& weight, double eps) {
   return active().add_rmsnorm(x, residual, weight, eps);
@@ -151,6 +156,7 @@ TORCH_LIBRARY(radixgen, m) {
   m.def(
       "w8a8_linear(Tensor x, Tensor wp, Tensor colsum, Tensor sw, Tensor? inv_s, Tensor? fidx, Tensor? wf) "
       "-> Tensor");
+  m.def("w8a8_int_mm(Tensor x, Tensor wt, Tensor sw, Tensor? inv_s, Tensor? fidx, Tensor? wf) -> Tensor");
   // Not tensor ops: catch-all kernels that run with any (or no) tensors around.
   m.def("bf16_attn_gemm(str mode) -> str", &radixgen_cpu::bf16_attn_gemm);
   m.def("cpu_isa(str mode) -> str", &radixgen_cpu::cpu_isa);
@@ -171,4 +177,5 @@ TORCH_LIBRARY_IMPL(radixgen, CPU, m) {
   m.impl("q4_linear", &radixgen_cpu::q4_linear);
   m.impl("q8_linear", &radixgen_cpu::q8_linear);
   m.impl("w8a8_linear", &radixgen_cpu::w8a8_linear);
+  m.impl("w8a8_int_mm", &radixgen_cpu::w8a8_int_mm);
 }

@@ -1,5 +1,5 @@
 // The per-ISA layout of the native CPU ops: every op-family source (attention_decode.cpp, attention_extend.cpp,
-// linear.cpp, quant_gemv.cpp, w8a8_linear.cpp, elementwise.cpp,
+// linear.cpp, quant_gemv.cpp, w8a8_linear.cpp, w8a8_int_mm.cpp, elementwise.cpp,
 // isa_table.cpp) is compiled once per instruction-set variant this
 // CPU can run (kernels/cpu/build.py), with -DRADIXGEN_ISA=<variant> and that variant's -m flags:
 //   avx512   : x86-64-v4 (AVX-512 F/BW/DQ/VL, plus AVX-512-BF16 / VNNI where the CPU has them)
@@ -49,6 +49,9 @@ struct Kernels {
                             const std::optional<at::Tensor>& inv_s, const std::optional<at::Tensor>& fidx,
                             const std::optional<at::Tensor>& wf);
   bool (*w8a8_native)();  // w8a8_linear runs a vector kernel (not the portable twin)
+  at::Tensor (*w8a8_int_mm)(const at::Tensor& x, const at::Tensor& wt, const at::Tensor& sw,
+                            const std::optional<at::Tensor>& inv_s, const std::optional<at::Tensor>& fidx,
+                            const std::optional<at::Tensor>& wf);
   std::tuple<at::Tensor, at::Tensor> (*add_rmsnorm)(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                                                    const at::Tensor& weight, double eps);
   at::Tensor (*rope)(const at::Tensor& x, const at::Tensor& cos_sin, const at::Tensor& positions);
@@ -81,6 +84,9 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& wp, const at::Tens
                        const std::optional<at::Tensor>& inv_s, const std::optional<at::Tensor>& fidx,
                        const std::optional<at::Tensor>& wf);
 bool w8a8_native();
+at::Tensor w8a8_int_mm(const at::Tensor& x, const at::Tensor& wt, const at::Tensor& sw,
+                       const std::optional<at::Tensor>& inv_s, const std::optional<at::Tensor>& fidx,
+                       const std::optional<at::Tensor>& wf);
 std::tuple<at::Tensor, at::Tensor> add_rmsnorm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                                                const at::Tensor& weight, double eps);
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos_sin, const at::Tensor& positions);

@@ -23,6 +23,7 @@ const Kernels RADIXGEN_CAT(kernels_, RADIXGEN_ISA) = {
     .q_gemv_native = &RADIXGEN_NS::q_gemv_native,
     .w8a8_linear = &RADIXGEN_NS::w8a8_linear,
     .w8a8_native = &RADIXGEN_NS::w8a8_native,
+    .w8a8_int_mm = &RADIXGEN_NS::w8a8_int_mm,
     .add_rmsnorm = &RADIXGEN_NS::add_rmsnorm,
     .rope = &RADIXGEN_NS::rope,
     .silu_mul = &RADIXGEN_NS::silu_mul,

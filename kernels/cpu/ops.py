@@ -65,6 +65,10 @@ def load() -> None:
     def _w8a8_fake(x, wp, colsum, sw, inv_s, fidx, wf):
         return x.new_empty((x.shape[0], sw.shape[0]))
 
+    @torch.library.register_fake("radixgen::w8a8_int_mm")
+    def _w8a8_int_mm_fake(x, wt, sw, inv_s, fidx, wf):
+        return x.new_empty((x.shape[0], sw.shape[0]))
+
     @torch.library.register_fake("radixgen::attn_extend")
     def _extend_fake(q, k, v, k_cache, v_cache, layer, out_cache_loc, req_to_token, req_pool_indices,
                      prefix_lens, extend_lens, shared_len, scale):
@@ -189,6 +193,14 @@ def w8a8_linear(x: torch.Tensor, wp: torch.Tensor, colsum: torch.Tensor, sw: tor
     """x [M, K] float32 | bfloat16 -> [M, N] in x's dtype: per-token int8 x the packed int8 weight (pack_vnni),
     dequantized by sx * sw, plus x[:, fidx] @ wf (kernels/cpu/w8a8_linear.cpp)."""
     return torch.ops.radixgen.w8a8_linear(x, wp, colsum, sw, inv_s, fidx, wf)
+
+
+def w8a8_int_mm(x: torch.Tensor, wt: torch.Tensor, sw: torch.Tensor, inv_s: torch.Tensor | None = None,
+                fidx: torch.Tensor | None = None, wf: torch.Tensor | None = None) -> torch.Tensor:
+    """As w8a8_linear on the unpacked codes wt int8 [K, N] (or a transposed view of [N, K] codes): the product runs
+    on oneDNN's int8 GEMM (torch._int_mm), quantization and epilogue native (kernels/cpu/w8a8_int_mm.cpp); the same
+    bits as w8a8_linear."""
+    return torch.ops.radixgen.w8a8_int_mm(x, wt, sw, inv_s, fidx, wf)
 
 
 def w8a8_native() -> bool:

@@ -37,6 +37,7 @@
 
 #include "isa.h"
 #include "vec_math.h"
+#include "w8a8_quant.h"
 
 namespace RADIXGEN_NS {
 namespace {
@@ -54,33 +55,6 @@ struct Rows {
   int64_t lda = 0, nf = 0;
 };
 
-// round-half-even of |v| < 2^22 without a libm call (vectorizes; exact: the add and subtract are not folded)
-inline float round_even(float v) {
-  constexpr float MAGIC = 12582912.0f;  // 1.5 * 2^23
-  return v >= 0.0f ? (v + MAGIC) - MAGIC : (v - MAGIC) + MAGIC;
-}
-
-template <typename T>
-void quantize_row(const T* x, const float* inv_s, int64_t K, uint8_t* a, float* sx, float* buf) {
-  float amax = 0.0f, probe = 0.0f;  // probe: NaN iff some xs is NaN or infinite
-#pragma omp simd reduction(max : amax) reduction(+ : probe)
-  for (int64_t k = 0; k < K; ++k) {
-    const float v = inv_s ? to_float(x[k]) * inv_s[k] : to_float(x[k]);
-    buf[k] = v;
-    amax = std::max(amax, std::fabs(v));
-    probe += v * 0.0f;
-  }
-  if (!(probe == 0.0f) || !std::isfinite(amax)) {  // a NaN or inf in the row: codes 0, scale NaN -> NaN outputs
-    std::memset(a, 128, K);
-    *sx = std::numeric_limits<float>::quiet_NaN();
-    return;
-  }
-  const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
-#pragma omp simd
-  for (int64_t k = 0; k < K; ++k) a[k] = static_cast<uint8_t>(static_cast<int32_t>(round_even(buf[k] / s)) + 128);
-  *sx = s;
-}
-
 template <typename T>
 Rows quantize(const at::Tensor& x, const float* inv_s, const int64_t* fidx, int64_t nf) {
   const int64_t M = x.size(0), K = x.size(1), K4 = (K + KG - 1) / KG, ldx = x.stride(0);
@@ -90,7 +64,7 @@ Rows quantize(const at::Tensor& x, const float* inv_s, const int64_t* fidx, int6
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     std::vector<float> buf(K);
     for (int64_t m = m0; m < m1; ++m) {
-      quantize_row(xp + m * ldx, inv_s, K, r.a.data() + m * r.lda, r.sx.data() + m, buf.data());
+      quantize_row<uint8_t, 128>(xp + m * ldx, inv_s, K, r.a.data() + m * r.lda, r.sx.data() + m, buf.data());
       for (int64_t f = 0; f < nf; ++f) r.xf[m * nf + f] = to_float(xp[m * ldx + fidx[f]]);
     }
   });
@@ -264,29 +238,11 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& wp, const at::Tens
   TORCH_CHECK(colsum.dim() == 1 && colsum.scalar_type() == at::kInt && colsum.is_contiguous() &&
                   colsum.size(0) == T_ * TILE,
               "w8a8_linear: colsum must be contiguous int32 [16 ceil(N / 16)]");
-  const float* inv = nullptr;
-  if (inv_s.has_value()) {
-    TORCH_CHECK(inv_s->dim() == 1 && inv_s->scalar_type() == at::kFloat && inv_s->is_contiguous() &&
-                    inv_s->size(0) == K,
-                "w8a8_linear: inv_s must be contiguous float32 [K]");
-    inv = inv_s->data_ptr<float>();
-  }
-  TORCH_CHECK(fidx.has_value() == wf.has_value(), "w8a8_linear: fidx and wf come together");
-  int64_t nf = 0;
-  const int64_t* fi = nullptr;
-  const float* wfp = nullptr;
-  if (fidx.has_value()) {
-    nf = fidx->numel();
-    TORCH_CHECK(fidx->dim() == 1 && fidx->scalar_type() == at::kLong && fidx->is_contiguous(),
-                "w8a8_linear: fidx must be contiguous int64 [F]");
-    TORCH_CHECK(wf->dim() == 2 && wf->scalar_type() == at::kFloat && wf->is_contiguous() && wf->size(0) == nf &&
-                    wf->size(1) == N,
-                "w8a8_linear: wf must be contiguous float32 [F, N]");
-    fi = fidx->data_ptr<int64_t>();
-    for (int64_t f = 0; f < nf; ++f)
-      TORCH_CHECK(fi[f] >= 0 && fi[f] < K, "w8a8_linear: fidx entry ", fi[f], " out of [0, ", K, ")");
-    wfp = wf->data_ptr<float>();
-  }
+  const Extras ex = check_extras("w8a8_linear", K, N, inv_s, fidx, wf);
+  const float* inv = ex.inv_s;
+  const int64_t* fi = ex.fidx;
+  const float* wfp = ex.wf;
+  const int64_t nf = ex.nf;
   auto xc = x.stride(1) == 1 ? x : x.contiguous();
   auto y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;

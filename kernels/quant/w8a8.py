@@ -23,12 +23,15 @@ smoothed calibration |x| is largest skip the int8 path: their entries of inv_s a
 leave the token's scale to the other channels) and their weight rows run in float, y += x[:, fidx] @ wf with
 wf float32 [k, N]. The int8 codes are rounded without those columns.
 
-Kernel: where kernels/cpu builds and the CPU has AVX-512 VNNI, a call of int8 rows is one native op
-(kernels/cpu/w8a8_linear.cpp: quantization, the int8 product on codes packed for vpdpbusd at load, `wp` and
-`colsum`, the dequantization and the float channels in one pass; bench/results/int8_linear.md); elsewhere (and as
-the reference, `set_kernel("torch")`) the torch ops above. Both round the same codes and scales and give the same
-bits without float channels (the native float-channel term is a fused multiply-add per channel, addmm's order
-differs by float32 rounding).
+Kernel: where kernels/cpu builds and the CPU has AVX-512 VNNI ("native"), a call of fewer than INT_MM_ROWS int8
+rows is one fused native op (kernels/cpu/w8a8_linear.cpp: quantization, the int8 product on codes packed for
+vpdpbusd at load, `wp` and `colsum`, the dequantization and the float channels in one pass); a call of INT_MM_ROWS
+rows or more is kernels/cpu/w8a8_int_mm.cpp: the same quantization and epilogue as native passes around
+torch._int_mm on `wt` (oneDNN's int8 GEMM core, faster at those sizes: bench/results/int8_linear.md). The two
+ops give the same bits (float channels included), so a row's output does not depend on which side of INT_MM_ROWS
+its batch falls. Elsewhere (and as the reference, `set_kernel("torch")`) the torch ops above, which give the
+same bits without float channels (the native float-channel term is a fused multiply-add per channel, addmm's order
+differs by float32 rounding). `set_kernel("fused"|"int_mm")` pins one native op at every row count (benchmarks).
 
 Weights come from float weights or any QTensor (a GGUF's 4-bit or Q8_0 blocks): dequantized to float32, then
 rounded to int8 per output channel (`int8_codes`). The 4-bit codes of `small` stay the file's own, so small-batch
@@ -87,7 +90,10 @@ def native_unavailable_reason() -> str:
     return ""
 
 
-KERNELS = ("native", "torch")
+KERNELS = ("native", "fused", "int_mm", "torch")
+# From this many rows per call the "native" kernel runs w8a8_int_mm (oneDNN's int8 core) instead of the fused
+# register-tile op: the row count where it measured faster on every layer shape (bench/results/int8_linear.md).
+INT_MM_ROWS = 256
 
 
 class W8A8Weight(QuantWeight):
@@ -117,6 +123,7 @@ class W8A8Weight(QuantWeight):
         self.out_features, self.in_features = n, k
         codes, scale = int8_codes(w)
         self.kernel = "torch" if native_unavailable_reason() else "native"
+        self.int_mm_rows = INT_MM_ROWS
         self.register_buffer("wt", codes.t().contiguous())  # [K, N]
         self.register_buffer("sw", scale)  # [N]
         self.register_buffer("wp", None)
@@ -132,14 +139,17 @@ class W8A8Weight(QuantWeight):
         self.amax: torch.Tensor | None = None  # [K] while observing: the largest |x| per input channel seen
 
     def _pack(self) -> None:
-        """(Re)pack wt for the native op; the torch kernel keeps no packed copy."""
-        self.wp, self.colsum = cpu_ops.pack_vnni(self.wt) if self.kernel == "native" else (None, None)
+        """(Re)pack wt for the fused op; the torch and int_mm kernels keep no packed copy."""
+        packed = self.kernel in ("native", "fused")
+        self.wp, self.colsum = cpu_ops.pack_vnni(self.wt) if packed else (None, None)
 
     def set_kernel(self, kernel: str) -> None:
-        """"native" (kernels/cpu's fused op; raises where it cannot run) or "torch" (the torch ops, the reference)."""
+        """"native" (kernels/cpu: the fused op below int_mm_rows rows, w8a8_int_mm from there), "fused" or "int_mm"
+        (that native op at every row count), or "torch" (the torch ops, the reference); a native kernel raises
+        where it cannot run."""
         if kernel not in KERNELS:
             raise ValueError(f"unknown w8a8 kernel {kernel!r} ({', '.join(KERNELS)})")
-        if kernel == "native" and native_unavailable_reason():
+        if kernel != "torch" and native_unavailable_reason():
             raise RuntimeError(f"the native w8a8 kernel cannot run here: {native_unavailable_reason()}")
         self.kernel = kernel
         self._pack()
@@ -198,8 +208,10 @@ class W8A8Weight(QuantWeight):
         if not self.uses_int8(x.shape[0]):
             assert self.small is not None  # uses_int8 is True without a small kernel
             return self.small(x)
-        if self.kernel == "native" and x.dtype in (torch.float32, torch.bfloat16):
-            assert self.wp is not None and self.colsum is not None  # packed while the kernel is native
+        if self.kernel != "torch" and x.dtype in (torch.float32, torch.bfloat16):
+            if self.kernel == "int_mm" or (self.kernel == "native" and x.shape[0] >= self.int_mm_rows):
+                return cpu_ops.w8a8_int_mm(x, self.wt, self.sw, self.inv_s, self.fidx, self.wf)
+            assert self.wp is not None and self.colsum is not None  # packed while the kernel is native or fused
             return cpu_ops.w8a8_linear(x, self.wp, self.colsum, self.sw, self.inv_s, self.fidx, self.wf)
         y = w8a8_mm(x, self.wt, self.sw, self.inv_s)
         if self.fidx is not None and self.wf is not None:
@@ -242,7 +254,7 @@ def _kernel_name(w: QuantWeight) -> str:
 
 
 def describe_plan(model: nn.Module, names: tuple[str, ...]) -> str:
-    """One line: per linear class of `names`, which arithmetic runs at which rows per call."""
+    """One line: per linear class of `names`, which kernel runs at which rows per call."""
     plans: dict[str, str] = {}
     for m in model.modules():
         for name in names:
@@ -250,10 +262,16 @@ def describe_plan(model: nn.Module, names: tuple[str, ...]) -> str:
             if isinstance(w, W8A8Weight) and name not in plans:
                 small = f"rows < {w.min_rows}: {_kernel_name(w.small)}, " if w.small is not None else ""
                 extra = f" + {w.fidx.numel()} float input channels" if w.fidx is not None else ""
-                plans[name] = (f"{name} {small}rows >= {w.min_rows if w.small is not None else 1}: "
-                               f"int8 x int8 -> int32{extra}")
+                lo = w.min_rows if w.small is not None else 1
+                if w.kernel == "native" and w.int_mm_rows > lo:
+                    big = (f"rows {lo}..{w.int_mm_rows - 1}: int8 x int8 -> int32{extra} (fused w8a8_linear), "
+                           f"rows >= {w.int_mm_rows}: the same on oneDNN's core (w8a8_int_mm)")
+                else:
+                    how = {"native": "w8a8_int_mm", "int_mm": "w8a8_int_mm", "fused": "fused w8a8_linear",
+                           "torch": "torch ops"}[w.kernel]
+                    big = f"rows >= {lo}: int8 x int8 -> int32{extra} ({how})"
+                plans[name] = f"{name} {small}{big}"
     isa = int8_isa()
-    how = ("kernels/cpu w8a8_linear, one fused call" if not native_unavailable_reason()
-           else "oneDNN torch._int_mm")
+    how = "kernels/cpu" if not native_unavailable_reason() else "oneDNN torch._int_mm"
     return (f"int8 arithmetic ({isa} via {how}; activations per token): "
             + "; ".join(plans[n] for n in names if n in plans))
