@@ -85,19 +85,18 @@ struct Operands {
 template <typename T>
 inline void epilogue(const int32_t (*acc)[NT_MAX * TILE], bool offset, int R, int64_t r0, int64_t n0, int64_t nc,
                      const Rows& rows, const Operands& op, T* y) {
-  float tmp[NT_MAX * TILE];
+  constexpr int64_t LD = NT_MAX * TILE;
+  float tmp[MR_MAX][LD];
   for (int r = 0; r < R; ++r) {
     const float sx = rows.sx[r0 + r];
     const int32_t* cs = op.colsum + n0;
     for (int64_t c = 0; c < nc; ++c)
-      tmp[c] = static_cast<float>(offset ? acc[r][c] - 128 * cs[c] : acc[r][c]) * sx * op.sw[n0 + c];
-    for (int64_t f = 0; f < rows.nf; ++f) {
-      const float xv = rows.xf[(r0 + r) * rows.nf + f];
-      const float* w = op.wf + f * op.N + n0;
-      for (int64_t c = 0; c < nc; ++c) tmp[c] = std::fma(xv, w[c], tmp[c]);
-    }
+      tmp[r][c] = static_cast<float>(offset ? acc[r][c] - 128 * cs[c] : acc[r][c]) * sx * op.sw[n0 + c];
+  }
+  if (rows.nf) fma_channels_rows(R, tmp[0], LD, rows.xf.data() + r0 * rows.nf, rows.nf, op.wf + n0, op.N, nc);
+  for (int r = 0; r < R; ++r) {
     T* out = y + (r0 + r) * op.N + n0;
-    for (int64_t c = 0; c < nc; ++c) out[c] = from_float<T>(tmp[c]);
+    for (int64_t c = 0; c < nc; ++c) out[c] = from_float<T>(tmp[r][c]);
   }
 }
 

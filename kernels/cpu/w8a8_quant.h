@@ -18,6 +18,10 @@
 #include <limits>
 #include <optional>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "isa.h"
 #include "vec_math.h"
 
@@ -29,17 +33,49 @@ inline float round_even(float v) {
   return v >= 0.0f ? (v + MAGIC) - MAGIC : (v - MAGIC) + MAGIC;
 }
 
+// 16 activations as float32 (x float32 or bf16 bits), for the AVX-512 pass below.
+#if defined(__AVX512F__)
+inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+inline __m512 load16(const uint16_t* x) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
+// buf[k] = x[k] * inv_s[k] (or x[k]); *amax = max_k |buf[k]|; *probe = sum_k buf[k] * 0 (NaN iff some buf[k] is NaN
+// or infinite). A max is exact in any order, so the lanes give the scalar loop's amax whenever probe is 0.
+template <typename T>
+void row_stats(const T* x, const float* inv_s, int64_t K, float* buf, float* amax, float* probe) {
+  float mx = 0.0f, pr = 0.0f;
+  int64_t k = 0;
+#if defined(__AVX512F__)
+  __m512 vmx = _mm512_setzero_ps(), vpr = _mm512_setzero_ps();
+  const __m512 zero = _mm512_setzero_ps();
+  for (; k + 16 <= K; k += 16) {
+    __m512 v = load16(x + k);
+    if (inv_s) v = _mm512_mul_ps(v, _mm512_loadu_ps(inv_s + k));
+    _mm512_storeu_ps(buf + k, v);
+    vmx = _mm512_max_ps(vmx, _mm512_abs_ps(v));
+    vpr = _mm512_add_ps(vpr, _mm512_mul_ps(v, zero));
+  }
+  mx = _mm512_reduce_max_ps(vmx);
+  pr = _mm512_reduce_add_ps(vpr);
+#endif
+  for (; k < K; ++k) {
+    const float v = inv_s ? to_float(x[k]) * inv_s[k] : to_float(x[k]);
+    buf[k] = v;
+    mx = std::max(mx, std::fabs(v));
+    pr += v * 0.0f;
+  }
+  *amax = mx;
+  *probe = pr;
+}
+
 // x [K] (float32 or bf16 bits) -> a [K] codes, *sx; buf: K floats of scratch.
 template <typename C, int OFF, typename T>
 void quantize_row(const T* x, const float* inv_s, int64_t K, C* a, float* sx, float* buf) {
-  float amax = 0.0f, probe = 0.0f;  // probe: NaN iff some xs is NaN or infinite
-#pragma omp simd reduction(max : amax) reduction(+ : probe)
-  for (int64_t k = 0; k < K; ++k) {
-    const float v = inv_s ? to_float(x[k]) * inv_s[k] : to_float(x[k]);
-    buf[k] = v;
-    amax = std::max(amax, std::fabs(v));
-    probe += v * 0.0f;
-  }
+  float amax, probe;
+  row_stats(x, inv_s, K, buf, &amax, &probe);
   if (!(probe == 0.0f) || !std::isfinite(amax)) {  // a NaN or inf in the row: codes 0, scale NaN -> NaN outputs
     std::memset(a, OFF, K * sizeof(C));
     *sx = std::numeric_limits<float>::quiet_NaN();
@@ -49,6 +85,54 @@ void quantize_row(const T* x, const float* inv_s, int64_t K, C* a, float* sx, fl
 #pragma omp simd
   for (int64_t k = 0; k < K; ++k) a[k] = static_cast<C>(static_cast<int32_t>(round_even(buf[k] / s)) + OFF);
   *sx = s;
+}
+
+// The float input channels' term for R rows x nc (<= 64) output channels: y[r, c] = fma(xv[r, f], wf[f, c],
+// y[r, c]) for f = 0..F-1 in order (the module contract of both W8A8 ops); y rows ldy floats apart, xv [R, F],
+// wf rows N floats apart. AVX-512 keeps the R x 64 block in registers across f (one weight row load serves R
+// rows); elsewhere plain loops. Each element sees the same fused multiply-adds in the same order either way.
+template <int R>
+inline void fma_channels(float* y, int64_t ldy, const float* xv, int64_t nf, const float* wf, int64_t N, int64_t nc) {
+#if defined(__AVX512F__)
+  __mmask16 mask[4];
+  for (int v = 0; v < 4; ++v) {
+    const int64_t left = std::clamp<int64_t>(nc - 16 * v, 0, 16);
+    mask[v] = static_cast<__mmask16>((1u << left) - 1u);
+  }
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_maskz_loadu_ps(mask[v], y + r * ldy + 16 * v);
+  for (int64_t f = 0; f < nf; ++f) {
+    __m512 w[4];
+    for (int v = 0; v < 4; ++v) w[v] = _mm512_maskz_loadu_ps(mask[v], wf + f * N + 16 * v);
+    for (int r = 0; r < R; ++r) {
+      const __m512 b = _mm512_set1_ps(xv[r * nf + f]);
+      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_fmadd_ps(b, w[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(y + r * ldy + 16 * v, mask[v], acc[r][v]);
+#else
+  for (int64_t f = 0; f < nf; ++f)
+    for (int r = 0; r < R; ++r) {
+      const float b = xv[r * nf + f];
+      float* yr = y + r * ldy;
+      const float* w = wf + f * N;
+#pragma omp simd
+      for (int64_t c = 0; c < nc; ++c) yr[c] = std::fma(b, w[c], yr[c]);
+    }
+#endif
+}
+
+// fma_channels for a run-time R in 1..4.
+inline void fma_channels_rows(int R, float* y, int64_t ldy, const float* xv, int64_t nf, const float* wf, int64_t N,
+                              int64_t nc) {
+  switch (R) {
+    case 4: fma_channels<4>(y, ldy, xv, nf, wf, N, nc); break;
+    case 3: fma_channels<3>(y, ldy, xv, nf, wf, N, nc); break;
+    case 2: fma_channels<2>(y, ldy, xv, nf, wf, N, nc); break;
+    default: fma_channels<1>(y, ldy, xv, nf, wf, N, nc); break;
+  }
 }
 
 // The optional operands of a W8A8 call, checked against K and N: smoothing inv_s [K] float32, the float input

@@ -23,13 +23,14 @@ smoothed calibration |x| is largest skip the int8 path: their entries of inv_s a
 leave the token's scale to the other channels) and their weight rows run in float, y += x[:, fidx] @ wf with
 wf float32 [k, N]. The int8 codes are rounded without those columns.
 
-Kernel: where kernels/cpu builds and the CPU has AVX-512 VNNI ("native"), a call of fewer than INT_MM_ROWS int8
-rows is one fused native op (kernels/cpu/w8a8_linear.cpp: quantization, the int8 product on codes packed for
-vpdpbusd at load, `wp` and `colsum`, the dequantization and the float channels in one pass); a call of INT_MM_ROWS
-rows or more is kernels/cpu/w8a8_int_mm.cpp: the same quantization and epilogue as native passes around
-torch._int_mm on `wt` (oneDNN's int8 GEMM core, faster at those sizes: bench/results/int8_linear.md). The two
-ops give the same bits (float channels included), so a row's output does not depend on which side of INT_MM_ROWS
-its batch falls. Elsewhere (and as the reference, `set_kernel("torch")`) the torch ops above, which give the
+Kernel: where kernels/cpu builds and the CPU has AVX-512 VNNI ("native"), a call of int8 rows is one fused
+native op (kernels/cpu/w8a8_linear.cpp: quantization, the int8 product on codes packed for vpdpbusd at load, `wp`
+and `colsum`, the dequantization and the float channels in one pass). kernels/cpu/w8a8_int_mm.cpp runs the same
+quantization and epilogue as native passes around torch._int_mm on `wt` (oneDNN's int8 GEMM core); the two ops
+give the same bits (float channels included), so a weight may switch op at `int_mm_rows` rows without changing any
+row's output. On this project's measured CPU (Ice Lake, AVX-512 VNNI) the fused op is as fast or faster at every
+row count once the float channels are counted (bench/results/int8_linear.md), so INT_MM_ROWS is None: "native"
+never switches. Elsewhere (and as the reference, `set_kernel("torch")`) the torch ops above, which give the
 same bits without float channels (the native float-channel term is a fused multiply-add per channel, addmm's order
 differs by float32 rounding). `set_kernel("fused"|"int_mm")` pins one native op at every row count (benchmarks).
 
@@ -92,8 +93,9 @@ def native_unavailable_reason() -> str:
 
 KERNELS = ("native", "fused", "int_mm", "torch")
 # From this many rows per call the "native" kernel runs w8a8_int_mm (oneDNN's int8 core) instead of the fused
-# register-tile op: the row count where it measured faster on every layer shape (bench/results/int8_linear.md).
-INT_MM_ROWS = 256
+# register-tile op; None: never (the fused op measured as fast or faster at 64..2048 rows on every layer shape with
+# the model's float channels, bench/results/int8_linear.md).
+INT_MM_ROWS: int | None = None
 
 
 class W8A8Weight(QuantWeight):
@@ -123,7 +125,7 @@ class W8A8Weight(QuantWeight):
         self.out_features, self.in_features = n, k
         codes, scale = int8_codes(w)
         self.kernel = "torch" if native_unavailable_reason() else "native"
-        self.int_mm_rows = INT_MM_ROWS
+        self.int_mm_rows: int | None = INT_MM_ROWS  # "native": w8a8_int_mm from this many rows (None: never)
         self.register_buffer("wt", codes.t().contiguous())  # [K, N]
         self.register_buffer("sw", scale)  # [N]
         self.register_buffer("wp", None)
@@ -144,9 +146,9 @@ class W8A8Weight(QuantWeight):
         self.wp, self.colsum = cpu_ops.pack_vnni(self.wt) if packed else (None, None)
 
     def set_kernel(self, kernel: str) -> None:
-        """"native" (kernels/cpu: the fused op below int_mm_rows rows, w8a8_int_mm from there), "fused" or "int_mm"
-        (that native op at every row count), or "torch" (the torch ops, the reference); a native kernel raises
-        where it cannot run."""
+        """"native" (kernels/cpu: the fused op, or w8a8_int_mm from int_mm_rows rows where that is set), "fused" or
+        "int_mm" (that native op at every row count), or "torch" (the torch ops, the reference); a native kernel
+        raises where it cannot run."""
         if kernel not in KERNELS:
             raise ValueError(f"unknown w8a8 kernel {kernel!r} ({', '.join(KERNELS)})")
         if kernel != "torch" and native_unavailable_reason():
@@ -209,7 +211,8 @@ class W8A8Weight(QuantWeight):
             assert self.small is not None  # uses_int8 is True without a small kernel
             return self.small(x)
         if self.kernel != "torch" and x.dtype in (torch.float32, torch.bfloat16):
-            if self.kernel == "int_mm" or (self.kernel == "native" and x.shape[0] >= self.int_mm_rows):
+            big = self.int_mm_rows is not None and x.shape[0] >= self.int_mm_rows
+            if self.kernel == "int_mm" or (self.kernel == "native" and big):
                 return cpu_ops.w8a8_int_mm(x, self.wt, self.sw, self.inv_s, self.fidx, self.wf)
             assert self.wp is not None and self.colsum is not None  # packed while the kernel is native or fused
             return cpu_ops.w8a8_linear(x, self.wp, self.colsum, self.sw, self.inv_s, self.fidx, self.wf)
@@ -263,11 +266,12 @@ def describe_plan(model: nn.Module, names: tuple[str, ...]) -> str:
                 small = f"rows < {w.min_rows}: {_kernel_name(w.small)}, " if w.small is not None else ""
                 extra = f" + {w.fidx.numel()} float input channels" if w.fidx is not None else ""
                 lo = w.min_rows if w.small is not None else 1
-                if w.kernel == "native" and w.int_mm_rows > lo:
+                if w.kernel == "native" and w.int_mm_rows is not None and w.int_mm_rows > lo:
                     big = (f"rows {lo}..{w.int_mm_rows - 1}: int8 x int8 -> int32{extra} (fused w8a8_linear), "
                            f"rows >= {w.int_mm_rows}: the same on oneDNN's core (w8a8_int_mm)")
                 else:
-                    how = {"native": "w8a8_int_mm", "int_mm": "w8a8_int_mm", "fused": "fused w8a8_linear",
+                    native = "fused w8a8_linear" if w.int_mm_rows is None else "w8a8_int_mm"
+                    how = {"native": native, "int_mm": "w8a8_int_mm", "fused": "fused w8a8_linear",
                            "torch": "torch ops"}[w.kernel]
                     big = f"rows >= {lo}: int8 x int8 -> int32{extra} ({how})"
                 plans[name] = f"{name} {small}{big}"

@@ -185,9 +185,9 @@ def test_wrap_linears_replaces_quantized_weights_only() -> None:
     line = describe_plan(model, ("w_o", "w_down"))
     # the 4-bit kernel is the one `to_kernel` chose on this CPU (the native GEMV where it wins, else torch's)
     small = type(before).__name__
-    w = model[0].w_o
-    if w.kernel == "native":  # the fused op up to int_mm_rows, oneDNN's core from there (kernels/quant/w8a8.py)
-        assert (f"w_o rows < 8: int4 weight-only ({small}), rows 8..{w.int_mm_rows - 1}: int8 x int8 -> int32 "
-                f"(fused w8a8_linear), rows >= {w.int_mm_rows}: the same on oneDNN's core (w8a8_int_mm)") in line
-    else:
-        assert f"w_o rows < 8: int4 weight-only ({small}), rows >= 8: int8 x int8 -> int32 (torch ops)" in line
+    how = "fused w8a8_linear" if model[0].w_o.kernel == "native" else "torch ops"
+    assert f"w_o rows < 8: int4 weight-only ({small}), rows >= 8: int8 x int8 -> int32 ({how})" in line
+    if model[0].w_o.kernel == "native":  # a weight that switches to oneDNN's core says from which row count
+        model[0].w_o.int_mm_rows = 300
+        assert (f"w_o rows < 8: int4 weight-only ({small}), rows 8..299: int8 x int8 -> int32 (fused w8a8_linear), "
+                "rows >= 300: the same on oneDNN's core (w8a8_int_mm)") in describe_plan(model, ("w_o",))

@@ -2,8 +2,9 @@
 epilogue) against the torch twin (kernels/quant/w8a8.py's w8a8_mm), the fused op (w8a8_linear) and float64: the
 same codes, scales, exact int32 sums and float32 products, so it gives the twin's bits without float channels and
 the fused op's bits with them, on every ISA variant built here and on both weight layouts ([K, N] codes and a
-transposed view of [N, K] codes). W8A8Weight's "native" kernel switches op at int_mm_rows rows: rows give the
-same bits on either side of that threshold. Bad operands raise naming the operand."""
+transposed view of [N, K] codes). W8A8Weight's "native" kernel switches op at int_mm_rows rows where that is set
+(kernels/quant/w8a8.py): rows give the same bits on either side of the threshold. Bad operands raise naming the
+operand."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import pytest
 import torch
 
 from kernels.cpu import build, ops
-from kernels.quant.w8a8 import INT_MM_ROWS, W8A8Weight, quantize_rows, w8a8_mm
+from kernels.quant.w8a8 import W8A8Weight, quantize_rows, w8a8_mm
+
+INT_MM_ROWS = 256  # the switch row count the threshold tests set on W8A8Weight
 
 # (N, K): the model's qkv, o, gate_up, down, and sizes off every tile (16 channels, 4-deep k-groups, oneDNN's)
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (33, 40), (100, 74), (7, 13)]
@@ -77,6 +80,7 @@ def test_float_channels_give_the_fused_ops_bits_across_the_threshold() -> None:
     w.smooth(wf, 0.5, float_channels=2)
     assert w.fidx is not None and w.wf is not None and w.inv_s is not None
     w.set_kernel("native")
+    w.int_mm_rows = INT_MM_ROWS
     assert w.wp is not None and w.colsum is not None
     for isa in ops.isas():
         ops.cpu_isa(isa)
@@ -134,7 +138,8 @@ def test_compiled_graph_and_opcheck() -> None:
     on schema, fake shapes and dispatch."""
     w = W8A8Weight(torch.randn(48, 64) * 0.05, None, 1)
     w.set_kernel("native")
-    x = torch.randn(INT_MM_ROWS + 1, 64)
+    w.int_mm_rows = 8
+    x = torch.randn(9, 64)
     fn = torch.compile(lambda t: w(t), backend="eager", fullgraph=True)
     assert torch.equal(fn(x), ops.w8a8_int_mm(x, w.wt, w.sw))
     w8, xs = _weight(33, 40, seed=4, m=5)
