@@ -1,8 +1,10 @@
 // The W8A8 int8 linear on oneDNN's int8 GEMM core: the per-token quantization (w8a8_quant.h) and the
 // dequantization epilogue are native passes, the int8 x int8 -> int32 product is at::_int_mm (oneDNN: AVX512-VNNI,
-// AMX-INT8, AVX-VNNI or AVX2, chosen at run time). Faster than w8a8_linear.cpp's register-tile kernel from a few
-// hundred rows on (bench/results/int8_linear.md); kernels/quant/w8a8.py picks between them by row count. Compiled
-// once per ISA variant (kernels/cpu/isa.h), registered as radixgen::w8a8_int_mm by dispatch.cpp.
+// AMX-INT8, AVX-VNNI or AVX2, chosen at run time). On an AVX-512 VNNI CPU the bare core is up to ~1.4x the fused
+// register-tile kernel (w8a8_linear.cpp) at hundreds of rows, but the separate epilogue pass (and the float
+// channels' pass) gives that back (bench/results/int8_linear.md), so kernels/quant/w8a8.py runs it only where a
+// weight's int_mm_rows is set, or under set_kernel("int_mm"). Compiled once per ISA variant (kernels/cpu/isa.h),
+// registered as radixgen::w8a8_int_mm by dispatch.cpp.
 //
 //   w8a8_int_mm(x [M, K] float32 | bfloat16, wt [K, N] int8 (any strides at::_int_mm takes: the [K, N] codes or a
 //               transposed view of [N, K] codes), sw [N] float32, inv_s [K] float32?, fidx [F] int64?,
