@@ -36,3 +36,17 @@ def bf16_gemm(request):
         pytest.skip(f"this CPU lacks the instructions of bf16_attn_gemm({mode!r}): {e}".splitlines()[0])
     yield mode
     ops.bf16_attn_gemm("auto")
+
+
+@pytest.fixture(scope="module")
+def native_kernels():
+    """kernels/cpu built and loaded for a module's tests (the toolchain is part of the test machine: a build failure
+    fails them); the ISA variant a test forced is back to auto afterwards."""
+    from kernels.cpu import build, ops
+
+    try:
+        build.load()
+    except Exception as e:  # noqa: BLE001 - any build or load failure is a failure
+        pytest.fail(f"kernels/cpu must build here: {e}")
+    yield
+    ops.cpu_isa("auto")

@@ -27,18 +27,14 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 1e-5}  # f16 po
 HKV, G, D = 3, 3, 64
 
 
-@pytest.mark.parametrize(("dtype", "bf16_gemm"), DTYPE_GEMMS, indirect=["bf16_gemm"])
-@pytest.mark.parametrize("batch", [2, 8, 32])
-@pytest.mark.parametrize("shared", [0, 1, 31, 128, 200, 1500])
-def test_decode_shared_prefix_matches_reference(shared, batch, dtype, bf16_gemm) -> None:
-    ops.load()
-    g = torch.Generator().manual_seed(shared * 41 + batch)
-    own = torch.randint(1, 101, (batch,), generator=g).tolist()  # own keys per request, the new token included
-    own[0] = 1  # a request whose only own key is its new token
-    prefix = [shared + n - 1 for n in own]
-    pb = make_paged_batch(prefix, [1] * batch, HKV, D, dtype=dtype, seed=batch + shared)
+def _decode_against_reference(prefix: list[int], n_sharing: int, shared: int, dtype: torch.dtype, seed: int,
+                              g: torch.Generator) -> None:
+    """One decode step of len(prefix) requests (prefix[b] cached keys + the new one) whose first n_sharing rows
+    share their first `shared` slots (request 0's, as the radix cache hands them); the op against the reference."""
+    batch = len(prefix)
+    pb = make_paged_batch(prefix, [1] * batch, HKV, D, dtype=dtype, seed=seed)
     rows = pb.req_pool_indices.tolist()
-    for r in rows[1:]:  # the first `shared` slots of every request are request 0's (as the radix cache hands them)
+    for r in rows[1:n_sharing]:
         pb.req_to_token[r, :shared] = pb.req_to_token[rows[0], :shared]
     meta = step_meta(pb, prefix, [1] * batch, True)
     qd = Q_DTYPE.get(dtype, dtype)
@@ -56,30 +52,24 @@ def test_decode_shared_prefix_matches_reference(shared, batch, dtype, bf16_gemm)
 
 
 @pytest.mark.parametrize(("dtype", "bf16_gemm"), DTYPE_GEMMS, indirect=["bf16_gemm"])
+@pytest.mark.parametrize("batch", [2, 8, 32])
+@pytest.mark.parametrize("shared", [0, 1, 31, 128, 200, 1500])
+def test_decode_shared_prefix_matches_reference(shared, batch, dtype, bf16_gemm) -> None:
+    ops.load()
+    g = torch.Generator().manual_seed(shared * 41 + batch)
+    own = torch.randint(1, 101, (batch,), generator=g).tolist()  # own keys per request, the new token included
+    own[0] = 1  # a request whose only own key is its new token
+    _decode_against_reference([shared + n - 1 for n in own], batch, shared, dtype, batch + shared, g)
+
+
+@pytest.mark.parametrize(("dtype", "bf16_gemm"), DTYPE_GEMMS, indirect=["bf16_gemm"])
 def test_rows_shorter_than_the_shared_prefix_read_their_own_keys(dtype, bf16_gemm) -> None:
     """A compiled graph pads its batch with rows of seq_len 1; a short request may decode beside long ones. Rows
     with seq_len <= shared_len skip the shared pass and attend all their keys themselves."""
     ops.load()
     shared, n_long = 300, 13
     prefix = [shared + 5 * i for i in range(n_long)] + [0, 0, 40]  # two padding-like rows, one short request
-    batch = len(prefix)
-    pb = make_paged_batch(prefix, [1] * batch, HKV, D, dtype=dtype, seed=7)
-    rows = pb.req_pool_indices.tolist()
-    for r in rows[1:n_long]:
-        pb.req_to_token[r, :shared] = pb.req_to_token[rows[0], :shared]
-    meta = step_meta(pb, prefix, [1] * batch, True)
-    g = torch.Generator().manual_seed(11)
-    qd = Q_DTYPE.get(dtype, dtype)
-    q = torch.randn(batch, HKV * G, D, generator=g).to(qd)
-    k, v = (torch.randn(batch, HKV, D, generator=g).to(qd) for _ in range(2))
-    kr, vr = pb.k_cache[0].clone(), pb.v_cache[0].clone()
-    ref.store_kv(kr, vr, meta.out_cache_loc, k, v)
-    scale = D**-0.5
-    want = ref.decode_attention(q, kr, vr, pb.req_to_token, pb.req_pool_indices, meta.seq_lens_cpu, scale)
-    got = torch.ops.radixgen.attn_decode(q, k, v, pb.k_cache, pb.v_cache, 0, meta.out_cache_loc, pb.req_to_token,
-                                         pb.req_pool_indices, meta.seq_lens, shared, scale)
-    tol = TOL[dtype]
-    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+    _decode_against_reference(prefix, n_long, shared, dtype, 7, torch.Generator().manual_seed(11))
 
 
 def test_backend_leaves_short_rows_out_of_the_shared_prefix() -> None:

@@ -8,12 +8,10 @@ operand."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
-from kernels.cpu import build, ops
+from kernels.cpu import ops
 from kernels.quant.w8a8 import W8A8Weight, quantize_rows, w8a8_mm
 
 INT_MM_ROWS = 256  # the switch row count the threshold tests set on W8A8Weight
@@ -23,14 +21,7 @@ SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (33, 40), (100, 74),
 ROWS = [1, 7, 64, INT_MM_ROWS - 1, INT_MM_ROWS, INT_MM_ROWS + 3, 1000, 2048]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _native() -> Iterator[None]:
-    try:
-        build.load()
-    except Exception as e:  # noqa: BLE001 - the toolchain is part of the test machine: a failure is a failure
-        pytest.fail(f"kernels/cpu must build here: {e}")
-    yield
-    ops.cpu_isa("auto")
+pytestmark = pytest.mark.usefixtures("native_kernels")
 
 
 def _weight(n: int, k: int, seed: int, m: int = max(ROWS)) -> tuple[W8A8Weight, torch.Tensor]:

@@ -6,12 +6,10 @@ raise naming the operand."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
-from kernels.cpu import build, ops
+from kernels.cpu import ops
 from kernels.quant.w8a8 import W8A8Weight, quantize_rows, w8a8_mm
 
 # (N, K): the model's qkv, o, gate_up, down, and sizes off the 16-channel tile and the 4-deep k-group
@@ -19,14 +17,7 @@ SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (33, 40), (100, 74),
 ROWS = [1, 2, 7, 32, 33, 64, 512]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _native() -> Iterator[None]:
-    try:
-        build.load()
-    except Exception as e:  # noqa: BLE001 - the toolchain is part of the test machine: a failure is a failure
-        pytest.fail(f"kernels/cpu must build here: {e}")
-    yield
-    ops.cpu_isa("auto")
+pytestmark = pytest.mark.usefixtures("native_kernels")
 
 
 def _weight(n: int, k: int, seed: int) -> tuple[W8A8Weight, torch.Tensor, torch.Tensor, torch.Tensor]:
