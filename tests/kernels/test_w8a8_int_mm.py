@@ -13,6 +13,7 @@ import torch
 
 from kernels.cpu import ops
 from kernels.quant.w8a8 import W8A8Weight, quantize_rows, w8a8_mm
+from tests.kernels.w8a8_cases import smoothed_weight
 
 INT_MM_ROWS = 256  # the switch row count the threshold tests set on W8A8Weight
 
@@ -59,18 +60,8 @@ def test_float_channels_give_the_fused_ops_bits_across_the_threshold() -> None:
     """Smoothing plus float channels (fma per channel in order, as the fused op): the two native ops agree bit for
     bit on every variant, within float32 rounding of float64, and W8A8Weight's rows do not change across
     int_mm_rows."""
-    g = torch.Generator().manual_seed(23)
-    n, k = 100, 74
-    wf = torch.randn(n, k, generator=g) * 0.05
-    x = torch.randn(INT_MM_ROWS + 40, k, generator=g) * 2
-    x[:, [3, 60]] *= 50
-    w = W8A8Weight(wf, None, 1)
-    w.observe(True)
-    w(x)
-    w.observe(False)
-    w.smooth(wf, 0.5, float_channels=2)
+    w, x = smoothed_weight(23, INT_MM_ROWS + 40)
     assert w.fidx is not None and w.wf is not None and w.inv_s is not None
-    w.set_kernel("native")
     w.int_mm_rows = INT_MM_ROWS
     assert w.wp is not None and w.colsum is not None
     for isa in ops.isas():

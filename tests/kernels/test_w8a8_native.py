@@ -11,6 +11,7 @@ import torch
 
 from kernels.cpu import ops
 from kernels.quant.w8a8 import W8A8Weight, quantize_rows, w8a8_mm
+from tests.kernels.w8a8_cases import smoothed_weight
 
 # (N, K): the model's qkv, o, gate_up, down, and sizes off the 16-channel tile and the 4-deep k-group
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (33, 40), (100, 74), (7, 13)]
@@ -50,18 +51,8 @@ def test_every_variant_gives_the_twins_bits(n: int, k: int) -> None:
 def test_smoothing_and_float_channels_match_float64() -> None:
     """Two outlier channels run in float (fma per channel), the rest smoothed int8: within float32 rounding of the
     float64 sum of the same codes, the same on every variant, and the twin within float32 rounding of it."""
-    g = torch.Generator().manual_seed(21)
-    n, k = 100, 74
-    wf = torch.randn(n, k, generator=g) * 0.05
-    x = torch.randn(33, k, generator=g) * 2
-    x[:, [3, 60]] *= 50
-    w = W8A8Weight(wf, None, 1)
-    w.observe(True)
-    w(x)
-    w.observe(False)
-    w.smooth(wf, 0.5, float_channels=2)
+    w, x = smoothed_weight(21, 33)
     assert w.fidx is not None and w.wf is not None and w.inv_s is not None
-    w.set_kernel("native")
     q, sx = quantize_rows(x, w.inv_s)
     expect = (q.double() @ w.wt.double()) * sx.double() * w.sw.double() + x[:, w.fidx].double() @ w.wf.double()
     ys = []
