@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.ref import gather_slots
+from kernels.shared_prefix import long_rows_prefix_len
 
 CASCADE_MIN_PREFIX = 256  # shorter shared prefixes are not worth a second pass
 
@@ -42,21 +43,17 @@ def plan_cascade(
     Invariant: every request keeps at least one suffix position (P <= seq_len - 1 for each sharing row), so
     each suffix softmax has a finite log-sum-exp.
     """
-    long = (seq_lens - 1 >= min_prefix).nonzero().flatten()
-    if long.numel() < 2:
-        return None
-    shortest = int(seq_lens[long].min())
-    lead = slots[long, : shortest - 1]
-    same = (lead == lead[:1]).all(0)  # [shortest - 1]
-    p = int(torch.cumprod(same.to(torch.int32), 0).sum())
-    if p < min_prefix:
+    rows = torch.arange(slots.shape[0], device=slots.device)
+    p = long_rows_prefix_len(slots, rows, (seq_lens - 1).tolist(), min_prefix)
+    if p == 0:
         return None
     shares = seq_lens > p
     start = torch.where(shares, p, 0)  # [B] first suffix position
     width = int((seq_lens - start).max())
     pos = torch.arange(width, device=slots.device)
     idx = (start.unsqueeze(1) + pos.unsqueeze(0)).clamp_(max=slots.shape[1] - 1)  # [B, width]
-    return CascadePlan(slots[long[0], :p], slots.gather(1, idx), pos.unsqueeze(0) < (seq_lens - start).unsqueeze(1),
+    first = int(shares.nonzero()[0])  # a sharing row: its first p slots are the prefix
+    return CascadePlan(slots[first, :p], slots.gather(1, idx), pos.unsqueeze(0) < (seq_lens - start).unsqueeze(1),
                        shares)
 
 

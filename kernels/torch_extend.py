@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from kernels import ref
+from kernels.shared_prefix import common_prefix_len
 
 FLASH_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SHARED_MIN_PREFIX = 16  # a shared prefix shorter than this is read per request (no extra pass)
@@ -55,13 +56,7 @@ def _attend(
 
 def shared_prefix_len(req_to_token: torch.Tensor, rows: list[int], prefix_lens: tuple[int, ...]) -> int:
     """Number of leading slots every request's cached prefix has in common (0 for a single request)."""
-    shortest = min(prefix_lens)
-    if len(rows) < 2 or shortest < SHARED_MIN_PREFIX:
-        return 0
-    lead = req_to_token[rows, :shortest]  # [B, shortest]
-    same = (lead == lead[:1]).all(0)
-    p = int(torch.cumprod(same.to(torch.int32), 0).sum())
-    return p if p >= SHARED_MIN_PREFIX else 0
+    return common_prefix_len(req_to_token, rows, prefix_lens, SHARED_MIN_PREFIX)
 
 
 def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:

@@ -16,6 +16,7 @@ import torch
 
 from kernels.api import AttnMetadata, BaseAttnBackend
 from kernels.cpu import ops
+from kernels.shared_prefix import common_prefix_len, long_rows_prefix_len
 
 SHARED_MIN_PREFIX = 64  # a shorter common prefix is read per request (a separate pass is not worth it)
 
@@ -36,28 +37,14 @@ class ExtendPart(NamedTuple):
 
 
 def shared_prefix_len(req_to_token: torch.Tensor, rows: torch.Tensor, limits: tuple[int, ...]) -> int:
-    """Leading slots common to every row, at most min(limits); 0 when under the minimum.
-
-    Decode passes seq_len - 1 (each row keeps >= 1 key of its own), extend the cached prefix lengths."""
-    shortest = min(limits)
-    if len(limits) < 2 or shortest < SHARED_MIN_PREFIX:
-        return 0
-    lead = req_to_token[rows, :shortest]  # [B, shortest]
-    same = (lead == lead[:1]).all(0)
-    p = int(torch.cumprod(same.to(torch.int32), 0).sum())
-    return p if p >= SHARED_MIN_PREFIX else 0
+    """Leading slots common to every row (kernels/shared_prefix.py), from SHARED_MIN_PREFIX on; extend's."""
+    return common_prefix_len(req_to_token, rows, limits, SHARED_MIN_PREFIX)
 
 
 def decode_shared_len(req_to_token: torch.Tensor, rows: torch.Tensor, limits: tuple[int, ...]) -> int:
     """Decode's shared prefix over the rows with at least SHARED_MIN_PREFIX keys before their new one; the
-    others (a compiled graph's padding rows, of seq_len 1; short requests) read their own keys. Invariant the
-    kernel relies on: every row with seq_len > the result shares its first result slots with the others."""
-    long = [i for i, n in enumerate(limits) if n >= SHARED_MIN_PREFIX]
-    if len(long) < 2:
-        return 0
-    if len(long) == len(limits):
-        return shared_prefix_len(req_to_token, rows, limits)
-    return shared_prefix_len(req_to_token, rows[long], tuple(limits[i] for i in long))
+    others read their own keys (kernels/shared_prefix.py)."""
+    return long_rows_prefix_len(req_to_token, rows, limits, SHARED_MIN_PREFIX)
 
 
 class CpuAttnBackend(BaseAttnBackend):
