@@ -115,7 +115,10 @@ inline void tile_vnni(const uint8_t* a, int64_t lda, const int8_t* w, int64_t ts
   for (int64_t g = 0; g < K4; ++g) {
     __m512i b[NT];
 #pragma GCC unroll 4
-    for (int j = 0; j < NT; ++j) b[j] = _mm512_loadu_si512(w + j * ts + g * 64);
+    for (int j = 0; j < NT; ++j) {
+      b[j] = _mm512_loadu_si512(w + j * ts + g * 64);
+      asm("" : "+v"(b[j]));  // keeps b[j] in a register: folded into each vpdpbusd it would be loaded R times
+    }
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       int32_t quad;
