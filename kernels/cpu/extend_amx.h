@@ -88,6 +88,16 @@ inline void transpose16(__m512 r[16]) {
   }
 }
 
+// Row i < n of a 16 x 16 float32 tile is load(i) (rows past n are zero); writes column x of the tile, 16
+// floats, to dst + x * NB: a block of 16 keys' values, transposed into Bk's rows.
+template <typename Load>
+inline void store_transposed16(const Load& load, int n, float* dst) {
+  __m512 r[16];
+  for (int i = 0; i < 16; ++i) r[i] = i < n ? load(i) : _mm512_setzero_ps();
+  if (n > 0) transpose16(r);
+  for (int x = 0; x < 16; ++x) _mm512_storeu_ps(dst + size_t(x) * NB, r[x]);
+}
+
 // pack_block to float32 blocks (any pool type), D % 16 == 0: K^T by 16 x 16 register transposes (16 keys x
 // 16 dims per tile), V rows widened 16 lanes at a time; keys past nb are zero.
 template <typename R>
@@ -97,12 +107,9 @@ inline void pack_block_f32(const R* kbase, const R* vbase, int64_t rs, const int
   float* bv = dst + size_t(D) * NB;
   for (int j0 = 0; j0 < NB; j0 += 16) {
     const int n = std::max(0, std::min(16, nb - j0));  // real keys of this group of 16
-    for (int d0 = 0; d0 < D; d0 += 16) {
-      __m512 r[16];
-      for (int i = 0; i < 16; ++i) r[i] = i < n ? load16_f32(kbase + int64_t(slot[j0 + i]) * rs + d0) : zero;
-      if (n > 0) transpose16(r);
-      for (int x = 0; x < 16; ++x) _mm512_storeu_ps(dst + size_t(d0 + x) * NB + j0, r[x]);
-    }
+    for (int d0 = 0; d0 < D; d0 += 16)
+      store_transposed16([&](int i) { return load16_f32(kbase + int64_t(slot[j0 + i]) * rs + d0); }, n,
+                         dst + size_t(d0) * NB + j0);
     for (int i = 0; i < 16; ++i) {
       float* o = bv + size_t(j0 + i) * D;
       const R* vr = i < n ? vbase + int64_t(slot[j0 + i]) * rs : nullptr;
@@ -136,12 +143,26 @@ inline void pack_block(const R* kbase, const R* vbase, int64_t rs, const int32_t
   static const T zeros[512] = {};
   const int W = bf ? D / 2 : D;  // 32-bit words per K row
   uint32_t* bk = reinterpret_cast<uint32_t*>(dst);
-  for (int j = 0; j < nb; ++j) {
-    const uint32_t* kr = reinterpret_cast<const uint32_t*>(kbase + int64_t(slot[j]) * rs);
-    for (int p = 0; p < W; ++p) bk[p * NB + j] = kr[p];
+#if defined(__AVX512F__)
+  if (W % 16 == 0) {  // K^T as 32-bit words by 16 x 16 register transposes (16 keys x 16 words per tile)
+    for (int j0 = 0; j0 < NB; j0 += 16) {
+      const int n = std::max(0, std::min(16, nb - j0));  // real keys of this group of 16
+      for (int p0 = 0; p0 < W; p0 += 16) {  // the words move as float32 bits, unchanged
+        auto row = [&](int i) { return reinterpret_cast<const float*>(kbase + int64_t(slot[j0 + i]) * rs) + p0; };
+        store_transposed16([&](int i) { return _mm512_loadu_ps(row(i)); }, n,
+                           reinterpret_cast<float*>(bk + size_t(p0) * NB + j0));
+      }
+    }
+  } else
+#endif
+  {
+    for (int j = 0; j < nb; ++j) {
+      const uint32_t* kr = reinterpret_cast<const uint32_t*>(kbase + int64_t(slot[j]) * rs);
+      for (int p = 0; p < W; ++p) bk[p * NB + j] = kr[p];
+    }
+    for (int p = 0; p < W; ++p)
+      for (int j = nb; j < NB; ++j) bk[p * NB + j] = 0;
   }
-  for (int p = 0; p < W; ++p)
-    for (int j = nb; j < NB; ++j) bk[p * NB + j] = 0;
   T* bv = dst + size_t(D) * NB;
   if constexpr (bf) {
     for (int i = 0; i < NB / 2; ++i) {
