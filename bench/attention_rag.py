@@ -1,6 +1,7 @@
 """The native attention ops at the `rag` workload's shapes, one layer (SmolLM2-135M: 9 q heads, 3 KV heads,
-head_dim 64), pages of 1 in scattered order, 2 threads, float32 q over a float16 pool (the default) and a float32
-pool. Median of 7 timed calls after 2 warm-ups; GFLOP/s counts QK^T and PV (4 * head_dim per query-key pair,
+head_dim 64), pages of 1 in scattered order, 2 threads: float32 q over a float16 pool (the int8 mode's cache on a
+CPU without native bf16) and over a float32 pool, and bfloat16 q over a bfloat16 pool (the cache of every mode on
+a CPU with AVX512-BF16 or AMX). Median of 7 timed calls after 2 warm-ups; GFLOP/s counts QK^T and PV (4 * head_dim per query-key pair,
 causal pairs only).
 
     PYTHONPATH=$PWD python bench/attention_rag.py
@@ -25,6 +26,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 from machine import describe  # noqa: E402
 
 from kernels.cpu import ops  # noqa: E402
+from runtime.config import cpu_has_native_bf16  # noqa: E402
 from tests.kernels.paged import make_paged_batch  # noqa: E402
 
 HQ, HKV, D = 9, 3, 64
@@ -35,13 +37,14 @@ CASES = [  # (name, prefix lens, extend lens, shared prefix, decode)
 ]
 
 
-def timed_case(prefix: list[int], extend: list[int], shared: int, decode: bool, dtype: torch.dtype) -> float:
+def timed_case(prefix: list[int], extend: list[int], shared: int, decode: bool, dtype: torch.dtype,
+               q_dtype: torch.dtype) -> float:
     pb = make_paged_batch(prefix, extend, HKV, D, dtype=dtype, seed=0)
     rows = pb.req_pool_indices.tolist()
     for r in rows[1:]:
         pb.req_to_token[r, :shared] = pb.req_to_token[rows[0], :shared]
     t = sum(extend)
-    q, k, v = torch.randn(t, HQ, D), torch.randn(t, HKV, D), torch.randn(t, HKV, D)
+    q, k, v = (torch.randn(t, h, D, dtype=q_dtype) for h in (HQ, HKV, HKV))
     loc = torch.cat([pb.req_to_token[r, p : p + e].long() for r, p, e in zip(rows, prefix, extend, strict=True)])
     pre, ext = torch.tensor(prefix), torch.tensor(extend)
     r2t, idx, scale = pb.req_to_token, pb.req_pool_indices, D**-0.5
@@ -67,11 +70,14 @@ def main() -> None:
     torch.set_num_threads(2)
     ops.load()
     print(f"# {describe()}; torch threads {torch.get_num_threads()}; cpu isa {ops.isas()[0]}")
-    print("| case | pool | ms per layer | GFLOP/s |\n|---|---|---:|---:|")
+    pairs = [(torch.float32, torch.float16), (torch.float32, torch.float32)]
+    if cpu_has_native_bf16():
+        pairs.append((torch.bfloat16, torch.bfloat16))
+    print("| case | pool (q: float32, or bfloat16 over bfloat16) | ms per layer | GFLOP/s |\n|---|---|---:|---:|")
     for name, prefix, extend, shared, decode in CASES:
         flop = sum(e * (p + (e + 1) / 2) for p, e in zip(prefix, extend, strict=True)) * HQ * D * 4
-        for dtype in (torch.float16, torch.float32):
-            sec = timed_case(prefix, extend, shared, decode, dtype)
+        for q_dtype, dtype in pairs:
+            sec = timed_case(prefix, extend, shared, decode, dtype, q_dtype)
             print(f"| {name} | {str(dtype).removeprefix('torch.')} | {sec * 1e3:.2f} | {flop / sec / 1e9:.0f} |",
                   flush=True)
 
