@@ -154,7 +154,7 @@ def markdown(m: dict, threads: int) -> str:
         "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, torch {torch.__version__}, "
         f"{threads} threads, median of 5, on {cpu_model()}. "
-        f"`python bench/roofline.py --threads {threads} --write-results`",
+        f"`python bench/roofline.py {' '.join(sys.argv[1:])}`",
         "",
         "| measurement | value |",
         "|---|---:|",

@@ -155,7 +155,10 @@ def main() -> None:
         with open(roof_path) as f:
             roof = json.load(f)
     rg = doc["systems"].get("radixgen", {}).get("version", "")
-    dtype = "bf16" if "bfloat16" in rg else "fp32"
+    # radixgen's dtype: named in its version line ("auto (bfloat16)"); a bare "auto" is what this machine's
+    # bf16 flags made of it
+    bf16_cpu = any(f in doc.get("machine", "") for f in ("avx512_bf16", "amx_bf16"))
+    dtype = "bf16" if "bfloat16" in rg or (" auto," in rg and bf16_cpu) else "fp32"
     gguf = doc.get("gguf")
     weights = (
         "Same SmolLM2-135M-Instruct weights everywhere: radixgen and llama-server read the Q4_1 GGUF "

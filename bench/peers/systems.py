@@ -225,6 +225,16 @@ RADIXGEN_VARIANTS = {
 RADIXGEN_VARIANT_ENV = {"radixgen-bind": {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}}
 
 
+def shown_dtype(dtype: str) -> str:
+    """The dtype for a radixgen version line: `auto` with what it resolves to on this CPU (the report reads it)."""
+    if dtype != "auto":
+        return dtype
+    sys.path.insert(0, ROOT)
+    from runtime.config import cpu_has_native_bf16
+
+    return f"auto ({'bfloat16' if cpu_has_native_bf16() else 'float32'})"
+
+
 def chat_template_file(name_or_path: str) -> str:
     """A jinja file for `--chat-template` that every server reads: a path as is, or one of radixgen's built-in
     templates (e.g. `gemma`, for a GGUF that carries none) written to bench/.peers/chat-NAME.jinja."""
@@ -285,7 +295,7 @@ def make_systems(names: list[str], base_port: int, gguf: str, hf_dir: str | None
             )
             out.append(
                 HttpSystem(name, cmd=cmd, env={**env2, **RADIXGEN_VARIANT_ENV.get(name, {})}, port=port,
-                           health="/health", version_of=f"{ver} {dtype}, {gguf_label(gguf)}")
+                           health="/health", version_of=f"{ver} {shown_dtype(dtype)}, {gguf_label(gguf)}")
             )
         elif name in ("vllm", "vllm-f32"):  # vllm-f32: float32 weights and KV (for CPUs without native bf16)
             vdtype = "float32" if name == "vllm-f32" else "bfloat16"
