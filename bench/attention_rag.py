@@ -1,8 +1,8 @@
 """The native attention ops at the `rag` workload's shapes, one layer (SmolLM2-135M: 9 q heads, 3 KV heads,
 head_dim 64), pages of 1 in scattered order, 2 threads: float32 q over a float16 pool (the int8 mode's cache on a
 CPU without native bf16) and over a float32 pool, and bfloat16 q over a bfloat16 pool (the cache of every mode on
-a CPU with AVX512-BF16 or AMX). Median of 7 timed calls after 2 warm-ups; GFLOP/s counts QK^T and PV (4 * head_dim per query-key pair,
-causal pairs only).
+a CPU with AVX512-BF16 or AMX). Median of 7 timed calls after 2 warm-ups; GFLOP/s counts QK^T and PV
+(4 * head_dim per query-key pair, causal pairs only).
 
     PYTHONPATH=$PWD python bench/attention_rag.py
 
