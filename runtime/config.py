@@ -412,6 +412,8 @@ def resolve(cfg: Config) -> Config:
         if cfg.model.quantization == "gguf":
             raise ValueError("--quantization gguf cannot run with --tp-size > 1 (shards are cut from dense weights)")
         model = dataclasses.replace(model, quantization="none")
+    _check_speculative(cfg)
+    model = _resolve_embedding(cfg, model)  # an encoder's dtype auto first: the KV cache dtype follows the dtype
     if model.dtype == "auto":
         bf16 = model.device == "cuda" or cpu_has_native_bf16()
         model = dataclasses.replace(model, dtype="bfloat16" if bf16 else "float32")
@@ -421,8 +423,6 @@ def resolve(cfg: Config) -> Config:
 
         backend = "flashinfer" if importlib.util.find_spec("flashinfer") else "triton"
         model = dataclasses.replace(model, attention_backend=backend)
-    _check_speculative(cfg)
-    model = _resolve_embedding(cfg, model)
     return dataclasses.replace(cfg, model=model, scheduler=sched)
 
 
@@ -443,7 +443,7 @@ def _resolve_embedding(cfg: Config, model: ModelConfig) -> ModelConfig:
             raise ValueError("--is-embedding runs as one scheduler group (no --tp-size or --dp-size > 1)")
         if (cfg.speculative.speculative_algorithm or "none").lower() != "none":
             raise ValueError("--is-embedding has no decoding to speculate on (drop --speculative-algorithm)")
-        if cfg.model.dtype == "auto":
+        if model.dtype == "auto":
             model = dataclasses.replace(model, dtype="bfloat16" if model.device == "cuda" else "float32")
     return dataclasses.replace(model, is_embedding=on)
 

@@ -224,3 +224,15 @@ def test_dimensions_cut_only_to_widths_the_model_was_trained_for():
     v = np.arange(1, 9, dtype="<f4")
     cut = _vector(Embedded((v / np.linalg.norm(v)).astype("<f4").tobytes(), 8), 4)
     assert np.allclose(cut, v[:4] / np.linalg.norm(v[:4]), atol=1e-6)
+
+
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_an_encoder_resolves_to_float32_on_any_cpu_and_stays_resolved(model_dir, monkeypatch, native_bf16):
+    """dtype auto is float32 for an encoder on CPU, and its KV cache dtype follows; each child process resolves
+    the config it is sent again, which must change nothing (on a bf16 CPU the cache once stayed bfloat16)."""
+    from runtime import config
+
+    monkeypatch.setattr(config, "cpu_has_native_bf16", lambda: native_bf16)
+    cfg = config.resolve(config.make_config(model_path=model_dir, device="cpu"))
+    assert (cfg.model.is_embedding, cfg.model.dtype, cfg.model.kv_cache_dtype) == (True, "float32", "float32")
+    assert config.resolve(cfg) == cfg
