@@ -12,7 +12,9 @@
 //             online softmax -> P ([M, NB], input dtype), O *= exp(old max - new max), O += P x Bv;
 //           out = O / l.
 // For bf16, P is rounded to bf16 before the second product (as the flash kernels of torch and SGLang do on
-// CPU); everything else accumulates in float32.
+// CPU), and computed by vec_math.h's short 2^t (relative error 3e-6, far below bf16's 2^-9); everything else
+// accumulates in float32. Causal rows skip the keys they cannot see in whole groups of 16 (dot path: 4 rows
+// at a time), which leaves every result bit as the full product gives it.
 
 #pragma once
 
@@ -31,6 +33,7 @@
 namespace RADIXGEN_NS::amx {
 
 constexpr int NB = 128;  // keys per brgemm block (a multiple of 32: whole AMX tiles, even VNNI pairs)
+constexpr int DOT_ROWS = 4;  // rows of dot_gemm's register tile: the causal trim's granularity
 
 // bf16 blocks need VNNI-packed brgemm kernels (AMX) or AVX-512-BF16 (gemm_bf16.h), unless forced to float32;
 // float32 brgemm runs everywhere (oneDNN or cpublas gemm).
@@ -194,15 +197,24 @@ inline float softmax_to(const float* s, int vis, float scale, float old_max, T* 
     mv = _mm512_mask_max_ps(mv, k, mv, _mm512_maskz_loadu_ps(k, s + j));
   }
   const float mx = std::max(old_max, _mm512_reduce_max_ps(mv) * scale);
-  const __m512 mxv = _mm512_set1_ps(mx), scv = _mm512_set1_ps(scale);
   __m512 acc = _mm512_setzero_ps();
-  for (int j = 0; j < NB; j += 16) {
-    const __mmask16 k = j + 16 <= vis ? __mmask16(0xffff) : j < vis ? __mmask16((1u << (vis - j)) - 1) : 0;
-    const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, s + j), scv, mxv)));
-    acc = _mm512_add_ps(acc, e);
-    if constexpr (std::is_same_v<T, float>) {
+  int j = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    const __m512 mxv = _mm512_set1_ps(mx), scv = _mm512_set1_ps(scale);
+    for (; j < vis; j += 16) {
+      const __mmask16 k = head_mask16(vis - j);
+      const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, s + j), scv, mxv)));
+      acc = _mm512_add_ps(acc, e);
       _mm512_storeu_ps(p + j, e);
-    } else {
+    }
+    for (; j < NB; j += 16) _mm512_storeu_ps(p + j, _mm512_setzero_ps());
+  } else {  // weights rounded to bf16: 2^(log2e * (scale * s - mx)) by the short polynomial
+    const __m512 mxv = _mm512_set1_ps(mx * LOG2E), scv = _mm512_set1_ps(scale * LOG2E);
+    for (; j < vis; j += 16) {
+      const __mmask16 k = head_mask16(vis - j);
+      const __m512 t = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, s + j), scv, mxv);
+      const __m512 e = _mm512_maskz_mov_ps(k, exp2_bf16w16(t));
+      acc = _mm512_add_ps(acc, e);
 #if defined(__AVX512BF16__)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)_mm512_cvtneps_pbh(e));
 #else
@@ -211,6 +223,7 @@ inline float softmax_to(const float* s, int vis, float scale, float old_max, T* 
       for (int x = 0; x < 16; ++x) p[j + x] = f32_to_bf16(tmp[x]);
 #endif
     }
+    for (; j < NB; j += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), _mm256_setzero_si256());
   }
   *sum += _mm512_reduce_add_ps(acc);
   return mx;
@@ -300,16 +313,25 @@ inline void attend_block(const Block<T>& blk, const int* lim, int M, int D, floa
   const auto* bv = reinterpret_cast<const E*>(blk.packed + size_t(D) * NB);
   bool dot = false;  // bf16 blocks through gemm_bf16.h's vdpbf16ps kernel instead of brgemm
   if constexpr (vnni) dot = bf16_gemm() == Bf16Gemm::dot;
+  auto vis_of = [&](int m) { return lim ? std::min(blk.nb, lim[m] - blk.j0) : blk.nb; };  // keys row m sees
+  // dot path: rows in groups of DOT_ROWS (lim rises with m) multiply only the key columns the group's last
+  // row sees (S: rounded up to 16 columns; P x Bv: to whole pairs). Dropped S columns are never read, dropped
+  // P entries are zeros, so the result is the full product's.
   if (dot) {
     if constexpr (vnni)
-      dot_gemm(M, NB, D, b.a.data(), D, reinterpret_cast<const uint32_t*>(blk.packed), NB, b.s.data(), NB, false);
+      for (int m = 0; m < M; m += DOT_ROWS) {
+        const int rows = std::min(DOT_ROWS, M - m), n = std::min(NB, (vis_of(m + rows - 1) + 15) & ~15);
+        if (n > 0)
+          dot_gemm(rows, n, D, b.a.data() + size_t(m) * D, D, reinterpret_cast<const uint32_t*>(blk.packed), NB,
+                   b.s.data() + size_t(m) * NB, NB, false);
+      }
   } else {
     brgemm(M, NB, D, D, NB, NB, false, A, bk, b.s.data(), vnni);
   }
   for (int m = 0; m < M; ++m) {
     float* sm = b.s.data() + size_t(m) * NB;
     T* pm = b.p.data() + size_t(m) * NB;
-    const int vis = lim ? std::min(blk.nb, lim[m] - blk.j0) : blk.nb;
+    const int vis = vis_of(m);
     if (vis <= 0) {
       std::fill_n(pm, NB, T(0));
       continue;
@@ -326,8 +348,13 @@ inline void attend_block(const Block<T>& blk, const int* lim, int M, int D, floa
   }
   if (dot) {
     if constexpr (vnni)
-      dot_gemm(M, D, NB, b.p.data(), NB, reinterpret_cast<const uint32_t*>(blk.packed + size_t(D) * NB), D,
-               b.o.data(), D, true);
+      for (int m = 0; m < M; m += DOT_ROWS) {
+        const int rows = std::min(DOT_ROWS, M - m), k = std::min(NB, (vis_of(m + rows - 1) + 1) & ~1);
+        if (k > 0)
+          dot_gemm(rows, D, k, b.p.data() + size_t(m) * NB, NB,
+                   reinterpret_cast<const uint32_t*>(blk.packed + size_t(D) * NB), D, b.o.data() + size_t(m) * D,
+                   D, true);
+      }
   } else {
     brgemm(M, D, NB, NB, D, D, true, reinterpret_cast<const E*>(b.p.data()), bv, b.o.data(), vnni);
   }

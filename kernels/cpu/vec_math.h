@@ -1,5 +1,6 @@
 // Vector math shared by every native CPU op, written once: bf16 <-> float32 conversion, float16 widening, one
-// exp polynomial (scalar, 8 and 16 lanes), horizontal sums / maxima, dot products. Compiled per ISA variant
+// accurate exp polynomial (scalar, 8 and 16 lanes) and a short 2^t for weights rounded to bf16 (16 lanes),
+// horizontal sums / maxima, dot products. Compiled per ISA variant
 // (kernels/cpu/isa.h): the AVX-512 / AVX2 forms are behind #if on the variant's own macros, the scalar forms are
 // plain code the vectorizer widens, so every variant (the portable twin included) has every helper.
 
@@ -177,6 +178,21 @@ inline __m512 exp16(__m512 x) {
   const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   const __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
   return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_GE_OQ), y);
+}
+
+// 2^t on 16 lanes for softmax weights that are rounded to bf16 next (8 significant bits): t = n + f, n the
+// nearest integer, 2^f on |f| <= 1/2 by a degree-4 polynomial fitted for relative error (<= 3e-6 in float32),
+// 2^n by vscalefps (t below -150 gives 0; NaN stays NaN). Not for float32 outputs: exp16 is the accurate one.
+constexpr float EXP2_C1 = 0.693124175f, EXP2_C2 = 0.240240991f, EXP2_C3 = 0.0559064299f, EXP2_C4 = 0.00958285294f;
+
+inline __m512 exp2_bf16w16(__m512 t) {
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(EXP2_C4), f, _mm512_set1_ps(EXP2_C3));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C2));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C1));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
 }
 
 // Horizontal sums of 16 vectors at once: lane i of the result is the sum of v[i]'s 16 lanes.
