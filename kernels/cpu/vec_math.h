@@ -182,10 +182,13 @@ inline __m512 exp16(__m512 x) {
 
 // 2^t on 16 lanes for softmax weights that are rounded to bf16 next (8 significant bits): t = n + f, n the
 // nearest integer, 2^f on |f| <= 1/2 by a degree-4 polynomial fitted for relative error (<= 3e-6 in float32),
-// 2^n by vscalefps (t below -150 gives 0; NaN stays NaN). Not for float32 outputs: exp16 is the accurate one.
+// 2^n by vscalefps. t is clamped to [-160, 128] first (NaN passes: min/max return their second operand), so
+// -inf and t below -150 give 0, +inf and t >= 128 give inf, NaN gives NaN. Not for float32 outputs: exp16 is the
+// accurate one.
 constexpr float EXP2_C1 = 0.693124175f, EXP2_C2 = 0.240240991f, EXP2_C3 = 0.0559064299f, EXP2_C4 = 0.00958285294f;
 
 inline __m512 exp2_bf16w16(__m512 t) {
+  t = _mm512_min_ps(_mm512_set1_ps(128.0f), _mm512_max_ps(_mm512_set1_ps(-160.0f), t));
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);
   __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(EXP2_C4), f, _mm512_set1_ps(EXP2_C3));

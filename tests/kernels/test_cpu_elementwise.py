@@ -57,6 +57,22 @@ def test_silu_mul_matches_ref(dtype, t, i):
     torch.testing.assert_close(ops.silu_mul(gu), ref.silu_mul(gu), **TOL[dtype])
 
 
+def test_silu_mul_bf16_extremes_follow_float64():
+    """bf16 gates far out in both tails, zeros, infinities and NaN: the vector path (AVX-512-BF16 where the CPU
+    has it) gives silu(g) * u of float64 rounded once to bf16, within one bf16 ulp; inf and NaN as torch's."""
+    g = torch.tensor([0.0, -0.0, 1e-3, -1e-3, 20.0, -20.0, 88.0, -88.0, 100.0, -100.0, 1e4, -1e4, 3e38, -3e38]
+                     + [float("inf"), float("-inf"), float("nan")] + [0.5] * 6)  # 23 columns: a vector and a tail
+    u = torch.linspace(-3.0, 3.0, g.numel())
+    gu = torch.cat([g, u])[None].to(torch.bfloat16)
+    got = ops.silu_mul(gu)[0].double()
+    gd, ud = gu[0, : g.numel()].double(), gu[0, g.numel():].double()
+    want = (torch.nn.functional.silu(gd) * ud).to(torch.bfloat16).double()
+    finite = want.isfinite()
+    torch.testing.assert_close(got[finite], want[finite], atol=1e-30, rtol=2**-8)
+    assert torch.equal(got[~finite].isnan(), want[~finite].isnan())
+    assert torch.equal(got[want.isinf()], want[want.isinf()])
+
+
 def test_rows_do_not_depend_on_the_batch():
     """Batch invariance: a row's result is bitwise the same alone and inside a larger batch."""
     g = torch.Generator().manual_seed(3)
