@@ -6,7 +6,7 @@
 //       h = x + residual (rounded to x's dtype, as torch's add), out = h * rsqrt(mean(h^2) + eps) * weight
 //   rope(x [T, Nh, D], cos_sin [P, D] float32, positions [T] int64) -> [T, Nh, D]
 //       rotate-half (Neox) rotary; cos_sin's first D/2 columns are cos, the last D/2 sin
-//   silu_mul(gate_up [T, 2I]) -> [T, I]        silu(gate) * up, gate the first I columns
+//   silu_mul(gate_up [T, 2I]) -> [T, I]        silu(gate) * up, gate the first I columns (silu 0 for gate < -87)
 //   apply_token_bitmask_(logits [B, V] float32, bitmask [R, W] int32, rows [R] int64 or None)
 //       in place: logits[rows[r], t] = -inf where bit t % 32 of bitmask[r][t / 32] is 0 (rows None: r itself);
 //       the grammar mask of runtime/constrained, one pass instead of unpacking [R, V] bools and masked_fill
@@ -167,13 +167,17 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos_sin, const at::Tensor
 
 namespace {
 
+// silu(g) = g / (1 + exp(-g)) with a sigmoid of 0 for g below this (|silu(g)| < 1e-35 there; exp(-g) would
+// leave exp_f's range, and g = -inf gives NaN, as torch's silu).
+constexpr float SILU_ZERO_BELOW = -87.0f;
+
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 // One bf16 row: silu(g) * u = g * u / (1 + 2^t), t = -g log2 e, on 16 lanes: the power by vec_math.h's short
-// 2^t, the quotient by a reciprocal estimate and one Newton step (relative error ~1e-7), and a sigmoid of 0
-// where t >= 126 (g below -87.3, where |silu(g)| < 1e-36 is given as 0). One rounding to bf16 at the end.
+// 2^t (t <= 125.6 where it is used), the quotient by a reciprocal estimate and one Newton step (relative error
+// ~1e-7); below SILU_ZERO_BELOW the sigmoid is 0, as in the scalar loop. One rounding to bf16 at the end.
 inline void silu_mul_row_bf16(const uint16_t* g, const uint16_t* u, uint16_t* o, int64_t n) {
-  const __m512 nl2e = _mm512_set1_ps(-LOG2E), cap = _mm512_set1_ps(126.0f), one = _mm512_set1_ps(1.0f),
-               two = _mm512_set1_ps(2.0f);
+  const __m512 nl2e = _mm512_set1_ps(-LOG2E), lo = _mm512_set1_ps(SILU_ZERO_BELOW), cap = _mm512_set1_ps(126.0f),
+               one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f);
   auto load = [](const uint16_t* p, __mmask16 k) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, p)), 16));
   };
@@ -183,7 +187,7 @@ inline void silu_mul_row_bf16(const uint16_t* g, const uint16_t* u, uint16_t* o,
     const __m512 t = _mm512_mul_ps(gf, nl2e);
     const __m512 d = _mm512_add_ps(one, exp2_bf16w16(_mm512_min_ps(t, cap)));
     __m512 r = _mm512_rcp14_ps(d);
-    r = _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(t, cap, _CMP_LT_OQ), r, _mm512_fnmadd_ps(d, r, two));
+    r = _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(gf, lo, _CMP_GE_OQ), r, _mm512_fnmadd_ps(d, r, two));
     const __m256i y = (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_mul_ps(gf, r), uf));
     _mm256_mask_storeu_epi16(o + j, k, y);
   }
@@ -206,7 +210,8 @@ void silu_mul_rows(const T* gu, T* out, int64_t rows, int64_t n) {
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) {
         const float gf = to_float(g[j]);
-        o[j] = from_float<T>(gf / (1.f + exp_f(-gf)) * to_float(u[j]));
+        const float sg = gf < SILU_ZERO_BELOW ? gf * 0.f : gf / (1.f + exp_f(-gf));
+        o[j] = from_float<T>(sg * to_float(u[j]));
       }
     }
   });

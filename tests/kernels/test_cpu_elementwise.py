@@ -57,18 +57,29 @@ def test_silu_mul_matches_ref(dtype, t, i):
     torch.testing.assert_close(ops.silu_mul(gu), ref.silu_mul(gu), **TOL[dtype])
 
 
-def test_silu_mul_bf16_extremes_follow_float64():
-    """bf16 gates far out in both tails, zeros, infinities and NaN: the vector path (AVX-512-BF16 where the CPU
-    has it) gives silu(g) * u of float64 rounded once to bf16, within one bf16 ulp; inf and NaN as torch's."""
-    g = torch.tensor([0.0, -0.0, 1e-3, -1e-3, 20.0, -20.0, 88.0, -88.0, 100.0, -100.0, 1e4, -1e4, 3e38, -3e38]
-                     + [float("inf"), float("-inf"), float("nan")] + [0.5] * 6)  # 23 columns: a vector and a tail
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("isa", ops.isas())
+def test_silu_mul_extremes_follow_float64(isa, dtype):
+    """Gates far out in both tails, zeros, infinities and NaN, on every ISA variant built here (bf16: the
+    AVX-512-BF16 vector path where the CPU has it): silu(g) * u of float64 rounded once, within one ulp of the
+    dtype; inf and NaN where torch's silu gives them."""
+    g = torch.tensor(
+        [0.0, -0.0, 1e-3, -1e-3, 20.0, -20.0, 86.0, -86.0, 88.0, -88.0, 100.0, -100.0, 1e4, -1e4, 3e38, -3e38]
+        + [float("inf"), float("-inf"), float("nan")]
+        + [0.5] * 4
+    )  # 23 columns: a vector and a tail
     u = torch.linspace(-3.0, 3.0, g.numel())
-    gu = torch.cat([g, u])[None].to(torch.bfloat16)
-    got = ops.silu_mul(gu)[0].double()
-    gd, ud = gu[0, : g.numel()].double(), gu[0, g.numel():].double()
-    want = (torch.nn.functional.silu(gd) * ud).to(torch.bfloat16).double()
+    gu = torch.cat([g, u])[None].to(dtype)
+    try:
+        ops.cpu_isa(isa)
+        got = ops.silu_mul(gu)[0].double()
+    finally:
+        ops.cpu_isa("auto")
+    gd, ud = gu[0, : g.numel()].double(), gu[0, g.numel() :].double()
+    want = (torch.nn.functional.silu(gd) * ud).to(dtype).double()
     finite = want.isfinite()
-    torch.testing.assert_close(got[finite], want[finite], atol=1e-30, rtol=2**-8)
+    ulp = 2**-8 if dtype == torch.bfloat16 else 2**-23
+    torch.testing.assert_close(got[finite], want[finite], atol=1e-30, rtol=ulp)
     assert torch.equal(got[~finite].isnan(), want[~finite].isnan())
     assert torch.equal(got[want.isinf()], want[want.isinf()])
 
