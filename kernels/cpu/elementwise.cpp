@@ -178,12 +178,9 @@ constexpr float SILU_ZERO_BELOW = -87.0f;
 inline void silu_mul_row_bf16(const uint16_t* g, const uint16_t* u, uint16_t* o, int64_t n) {
   const __m512 nl2e = _mm512_set1_ps(-LOG2E), lo = _mm512_set1_ps(SILU_ZERO_BELOW), cap = _mm512_set1_ps(126.0f),
                one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f);
-  auto load = [](const uint16_t* p, __mmask16 k) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, p)), 16));
-  };
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 k = head_mask16(static_cast<int>(std::min<int64_t>(16, n - j)));
-    const __m512 gf = load(g + j, k), uf = load(u + j, k);
+    const __m512 gf = load16_bf16(g + j, k), uf = load16_bf16(u + j, k);
     const __m512 t = _mm512_mul_ps(gf, nl2e);
     const __m512 d = _mm512_add_ps(one, exp2_bf16w16(_mm512_min_ps(t, cap)));
     __m512 r = _mm512_rcp14_ps(d);

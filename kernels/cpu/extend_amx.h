@@ -56,12 +56,20 @@ inline size_t block_elems(int D) { return size_t(2) * D * NB; }
 #if defined(__AVX512F__)
 // 16 consecutive pool elements (float32, bf16 bits or float16) as float32 lanes.
 inline __m512 load16_f32(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16_f32(const uint16_t* p) {
-  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
+inline __m512 load16_f32(const uint16_t* p) { return load16_bf16(p); }
 inline __m512 load16_f32(const at::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+// 16 float32 lanes to 16 consecutive softmax weights (float32, or bf16 bits rounded to nearest even).
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16(uint16_t* p, __m512 v) {  // rounded to nearest even, as f32_to_bf16
+#if defined(__AVX512BF16__)
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+#else
+  alignas(64) float tmp[16];
+  _mm512_store_ps(tmp, v);
+  for (int x = 0; x < 16; ++x) p[x] = f32_to_bf16(tmp[x]);
+#endif
 }
 
 // In-register transpose of a 16 x 16 float32 tile: afterwards r[j] lane i = r[i] lane j before.
@@ -197,34 +205,20 @@ inline float softmax_to(const float* s, int vis, float scale, float old_max, T* 
     mv = _mm512_mask_max_ps(mv, k, mv, _mm512_maskz_loadu_ps(k, s + j));
   }
   const float mx = std::max(old_max, _mm512_reduce_max_ps(mv) * scale);
+  // float weights: exp by the accurate exp16; bf16 weights (rounded next): 2^(log2e (scale s - mx)), the short 2^t
+  constexpr bool bf = !std::is_same_v<T, float>;
+  const float c = bf ? LOG2E : 1.0f;
+  const __m512 mxv = _mm512_set1_ps(mx * c), scv = _mm512_set1_ps(scale * c);
   __m512 acc = _mm512_setzero_ps();
   int j = 0;
-  if constexpr (std::is_same_v<T, float>) {
-    const __m512 mxv = _mm512_set1_ps(mx), scv = _mm512_set1_ps(scale);
-    for (; j < vis; j += 16) {
-      const __mmask16 k = head_mask16(vis - j);
-      const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, s + j), scv, mxv)));
-      acc = _mm512_add_ps(acc, e);
-      _mm512_storeu_ps(p + j, e);
-    }
-    for (; j < NB; j += 16) _mm512_storeu_ps(p + j, _mm512_setzero_ps());
-  } else {  // weights rounded to bf16: 2^(log2e * (scale * s - mx)) by the short polynomial
-    const __m512 mxv = _mm512_set1_ps(mx * LOG2E), scv = _mm512_set1_ps(scale * LOG2E);
-    for (; j < vis; j += 16) {
-      const __mmask16 k = head_mask16(vis - j);
-      const __m512 t = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, s + j), scv, mxv);
-      const __m512 e = _mm512_maskz_mov_ps(k, exp2_bf16w16(t));
-      acc = _mm512_add_ps(acc, e);
-#if defined(__AVX512BF16__)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)_mm512_cvtneps_pbh(e));
-#else
-      float tmp[16];
-      _mm512_storeu_ps(tmp, e);
-      for (int x = 0; x < 16; ++x) p[j + x] = f32_to_bf16(tmp[x]);
-#endif
-    }
-    for (; j < NB; j += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), _mm256_setzero_si256());
+  for (; j < vis; j += 16) {
+    const __mmask16 k = head_mask16(vis - j);
+    const __m512 t = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, s + j), scv, mxv);
+    const __m512 e = _mm512_maskz_mov_ps(k, bf ? exp2_bf16w16(t) : exp16(t));
+    acc = _mm512_add_ps(acc, e);
+    store16(p + j, e);
   }
+  for (; j < NB; j += 16) store16(p + j, _mm512_setzero_ps());
   *sum += _mm512_reduce_add_ps(acc);
   return mx;
 #elif defined(__AVX2__) && defined(__FMA__)

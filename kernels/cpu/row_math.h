@@ -63,8 +63,7 @@ inline void scores16(const float* q32, const uint16_t* qb, const uint16_t* const
   (void)qb;
   for (int j = 0; j < n; ++j)
     for (int x = 0; x < d; x += 16) {
-      const __m512 k = _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(krow[j] + x))), 16));
+      const __m512 k = load16_bf16(krow[j] + x);
       acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(q32 + x), k, acc[j]);
     }
 #endif
@@ -121,8 +120,7 @@ inline void pv_rows(float* const* o, const float* alpha, const float* const* p, 
     __m512 vv[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v)
-      vv[v] = _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(vrow[j] + 16 * v))), 16));
+      vv[v] = load16_bf16(vrow[j] + 16 * v);
 #pragma GCC unroll 8
     for (int r = 0; r < RP; ++r) {
       if (r >= rows) break;

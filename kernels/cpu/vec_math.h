@@ -180,6 +180,17 @@ inline __m512 exp16(__m512 x) {
   return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_GE_OQ), y);
 }
 
+// 16 bf16 values (raw bits) as float32 lanes: a plain load, or lanes [0, n) of a masked one (zeros past n).
+inline __m512 bf16x16_to_f32(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 load16_bf16(const uint16_t* p) {
+  return bf16x16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+#if defined(__AVX512BW__)
+inline __m512 load16_bf16(const uint16_t* p, __mmask16 k) { return bf16x16_to_f32(_mm256_maskz_loadu_epi16(k, p)); }
+#endif
+
 // 2^t on 16 lanes for softmax weights that are rounded to bf16 next (8 significant bits): t = n + f, n the
 // nearest integer, 2^f on |f| <= 1/2 by a degree-4 polynomial fitted for relative error (<= 3e-6 in float32),
 // 2^n by vscalefps. t is clamped to [-160, 128] first (NaN passes: min/max return their second operand), so

@@ -36,10 +36,7 @@ inline float round_even(float v) {
 // 16 activations as float32 (x float32 or bf16 bits), for the AVX-512 pass below.
 #if defined(__AVX512F__)
 inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
-inline __m512 load16(const uint16_t* x) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
+inline __m512 load16(const uint16_t* x) { return load16_bf16(x); }
 #endif
 
 // buf[k] = x[k] * inv_s[k] (or x[k]); *amax = max_k |buf[k]|; *probe = sum_k buf[k] * 0 (NaN iff some buf[k] is NaN
