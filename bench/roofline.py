@@ -29,7 +29,7 @@ instead times --quantization w8a8_int8 in process (the model runner, eager, no s
 step) and the prefill of one 1,000-token prompt, with its int8 linears on each kernel of kernels/quant/w8a8.py
 ("torch": quantization, torch._int_mm, dequantization as torch ops; "fused": kernels/cpu's fused w8a8_linear at
 every row count; "int_mm": kernels/cpu's w8a8_int_mm at every row count; "native": what the mode runs, the fused op
-below INT_MM_ROWS rows and w8a8_int_mm from there; --kernels picks them),
+below the weight's int_mm_rows and w8a8_int_mm from there; --kernels picks them),
 alternating rounds, medians; the step is set against the int8 compute time of the --bounds JSON (this script's
 own output). Writes bench/results/<stem>.md (stem `int8_step` unless --stem).
 """

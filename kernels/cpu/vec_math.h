@@ -134,6 +134,11 @@ inline __m256 exp8(__m256 x) {
   return _mm256_and_ps(y, _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_GE_OQ));  // (x < -87, -inf, NaN: 0)
 }
 
+inline __m256 load8_bf16(const uint16_t* p) {  // 8 bf16 -> float32 (exact: the bits shifted into the high half)
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));

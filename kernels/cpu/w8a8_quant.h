@@ -18,7 +18,7 @@
 #include <limits>
 #include <optional>
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -33,10 +33,13 @@ inline float round_even(float v) {
   return v >= 0.0f ? (v + MAGIC) - MAGIC : (v - MAGIC) + MAGIC;
 }
 
-// 16 activations as float32 (x float32 or bf16 bits), for the AVX-512 pass below.
+// 16 (AVX-512) or 8 (AVX2) activations as float32 (x float32 or bf16 bits), for the vector passes below.
 #if defined(__AVX512F__)
 inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
 inline __m512 load16(const uint16_t* x) { return load16_bf16(x); }
+#elif defined(__AVX2__)
+inline __m256 load8(const float* x) { return _mm256_loadu_ps(x); }
+inline __m256 load8(const uint16_t* x) { return load8_bf16(x); }
 #endif
 
 // buf[k] = x[k] * inv_s[k] (or x[k]); *amax = max_k |buf[k]|; *probe = sum_k buf[k] * 0 (NaN iff some buf[k] is NaN
@@ -57,6 +60,18 @@ void row_stats(const T* x, const float* inv_s, int64_t K, float* buf, float* ama
   }
   mx = _mm512_reduce_max_ps(vmx);
   pr = _mm512_reduce_add_ps(vpr);
+#elif defined(__AVX2__)
+  __m256 vmx = _mm256_setzero_ps(), vpr = _mm256_setzero_ps();
+  const __m256 zero = _mm256_setzero_ps(), abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (; k + 8 <= K; k += 8) {
+    __m256 v = load8(x + k);
+    if (inv_s) v = _mm256_mul_ps(v, _mm256_loadu_ps(inv_s + k));
+    _mm256_storeu_ps(buf + k, v);
+    vmx = _mm256_max_ps(vmx, _mm256_and_ps(v, abs_mask));
+    vpr = _mm256_add_ps(vpr, _mm256_mul_ps(v, zero));
+  }
+  mx = hmax8(vmx);
+  pr = hsum8(vpr);
 #endif
   for (; k < K; ++k) {
     const float v = inv_s ? to_float(x[k]) * inv_s[k] : to_float(x[k]);
@@ -79,8 +94,21 @@ void quantize_row(const T* x, const float* inv_s, int64_t K, C* a, float* sx, fl
     return;
   }
   const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
+  int64_t k = 0;
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  // 8 codes a step: the same division, cvtps rounds half to even (the default rounding mode), and the packs
+  // cannot saturate (codes + OFF lie in 1..255 for C = uint8_t, -127..127 for int8_t)
+  const __m256 vs = _mm256_set1_ps(s);
+  const __m256i off = _mm256_set1_epi32(OFF);
+  for (; k + 8 <= K; k += 8) {
+    const __m256i q = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(buf + k), vs)), off);
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+    const __m128i b = OFF ? _mm_packus_epi16(w, w) : _mm_packs_epi16(w, w);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(a + k), b);
+  }
+#endif
 #pragma omp simd
-  for (int64_t k = 0; k < K; ++k) a[k] = static_cast<C>(static_cast<int32_t>(round_even(buf[k] / s)) + OFF);
+  for (int64_t i = k; i < K; ++i) a[i] = static_cast<C>(static_cast<int32_t>(round_even(buf[i] / s)) + OFF);
   *sx = s;
 }
 

@@ -5,9 +5,9 @@
               kernels/quant/weights.py or cpu_blocks.py) that calls of fewer than `min_rows` rows run.
 
 A call of M >= min_rows rows: x [M, K] (float32 or bfloat16) is quantized per token, symmetric, dynamically:
-sx[m] = max_k |x[m, k]| / 127, q = round(x / sx) in -127..127; torch._int_mm(q, wt) accumulates in int32 (oneDNN's
-int8 GEMM: AMX-INT8, AVX512-VNNI, AVX-VNNI or AVX2 `vpmaddubsw`, whichever the CPU has, chosen by oneDNN at run
-time); y = acc * sx[:, None] * sw[None, :] in float32, cast to x's dtype. Every row's arithmetic depends on that row
+sx[m] = max_k |x[m, k]| / 127, q = round(x / sx) in -127..127; acc = q @ wt exact in int32 (`int8_mm`: oneDNN's
+int8 GEMM through torch._int_mm where the CPU has VNNI or AMX-INT8, float32 products of the codes in exact chunks
+elsewhere); y = acc * sx[:, None] * sw[None, :] in float32, cast to x's dtype. Every row's arithmetic depends on that row
 only (per-token scales, exact int32 sums), so a row's output is the same whatever else is in the batch as long as
 oneDNN's kernel choice for the call does not change its float rounding of the dequantization, which is one product
 per element: rows are batch-invariant bit for bit (tests/kernels/test_w8a8.py checks it).
@@ -23,16 +23,18 @@ smoothed calibration |x| is largest skip the int8 path: their entries of inv_s a
 leave the token's scale to the other channels) and their weight rows run in float, y += x[:, fidx] @ wf with
 wf float32 [k, N]. The int8 codes are rounded without those columns.
 
-Kernel: where kernels/cpu builds and the CPU has AVX-512 VNNI ("native"), a call of int8 rows is one fused
-native op (kernels/cpu/w8a8_linear.cpp: quantization, the int8 product on codes packed for vpdpbusd at load, `wp`
-and `colsum`, the dequantization and the float channels in one pass). kernels/cpu/w8a8_int_mm.cpp runs the same
-quantization and epilogue as native passes around torch._int_mm on `wt` (oneDNN's int8 GEMM core); the two ops
-give the same bits (float channels included), so a weight may switch op at `int_mm_rows` rows without changing any
-row's output. On this project's measured CPU (Ice Lake, AVX-512 VNNI) the fused op is as fast or faster at every
-row count once the float channels are counted (bench/results/int8_linear.md), so INT_MM_ROWS is None: "native"
-never switches. Elsewhere (and as the reference, `set_kernel("torch")`) the torch ops above, which give the
-same bits without float channels (the native float-channel term is a fused multiply-add per channel, addmm's order
-differs by float32 rounding). `set_kernel("fused"|"int_mm")` pins one native op at every row count (benchmarks).
+Kernel: where kernels/cpu builds a vector int8 tile ("native": vpdpbusd on AVX-512 VNNI, else an exact vpmaddubsw
+tile on AVX2), a call of int8 rows is one fused native op (kernels/cpu/w8a8_linear.cpp: quantization, the int8
+product on codes packed at load, `wp` and `colsum`, the dequantization and the float channels in one pass).
+kernels/cpu/w8a8_int_mm.cpp runs the same quantization and epilogue as native passes around torch._int_mm on `wt`
+(oneDNN's int8 GEMM core); the two ops give the same bits (float channels included), so a weight may switch op at
+`int_mm_rows` rows without changing any row's output. With AVX-512 VNNI the fused op is as fast or faster at every
+row count once the float channels are counted (bench/results/int8_linear.md): "native" never switches; on AVX2 it
+switches at AVX2_INT_MM_ROWS where oneDNN's int8 GEMM is exact (`int_mm_exact`: not where it lacks VNNI and AMX,
+whose int16 pair sums saturate). Elsewhere (and as the reference, `set_kernel("torch")`) the torch ops above, whose
+int8 product is `int8_mm` (exact on every CPU), which give the same bits without float channels (the native
+float-channel term is a fused multiply-add per channel, addmm's order differs by float32 rounding).
+`set_kernel("fused"|"int_mm")` pins one native op at every row count (benchmarks).
 
 Weights come from float weights or any QTensor (a GGUF's 4-bit or Q8_0 blocks): dequantized to float32, then
 rounded to int8 per output channel (`int8_codes`). The 4-bit codes of `small` stay the file's own, so small-batch
@@ -69,20 +71,44 @@ def quantize_rows(x: torch.Tensor, inv_s: torch.Tensor | None = None) -> tuple[t
     return torch.round(xf / sx).to(torch.int8), sx
 
 
+# A float32 sum of this many int8 x int8 products is exact in any order: 127 * 127 * 1024 < 2^24.
+EXACT_K = 1024
+
+
+@functools.cache
+def int_mm_exact() -> bool:
+    """Whether torch._int_mm is exact on this CPU. oneDNN's int8 GEMM without VNNI or AMX-INT8 (AVX2, AVX-512
+    without VNNI, or a lower ONEDNN_MAX_CPU_ISA) multiplies u8 (s8 + 128) by s8 with vpmaddubsw, whose int16 sums
+    of two products saturate (255 * 127 * 2 > 32767; oneDNN's int8 guide says so): 127s times 127s over 256 terms
+    come out 32640 instead of 4129024. Probed once, at one and at 64 rows, on exactly those codes."""
+    w = torch.full((256, 64), 127, dtype=torch.int8)
+    return all(bool((torch._int_mm(torch.full((m, 256), 127, dtype=torch.int8), w) == 127 * 127 * 256).all())
+               for m in (1, 64))
+
+
+def int8_mm(q: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
+    """q int8 [M, K] @ wt int8 [K, N] -> int32 [M, N], exact: torch._int_mm where it is exact (int_mm_exact),
+    else float32 products over K chunks of EXACT_K, each chunk's sum exact, added in int32."""
+    if int_mm_exact():
+        return torch._int_mm(q, wt)
+    acc = torch.zeros(q.shape[0], wt.shape[1], dtype=torch.int32)
+    for k0 in range(0, q.shape[1], EXACT_K):
+        acc += (q[:, k0:k0 + EXACT_K].float() @ wt[k0:k0 + EXACT_K].float()).to(torch.int32)
+    return acc
+
+
 def w8a8_mm(x: torch.Tensor, wt: torch.Tensor, sw: torch.Tensor, inv_s: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] float; wt int8 [K, N]; sw float32 [N]; inv_s float32 [K] or None -> float32 [M, N] =
     dequant(int8(x * inv_s) @ wt)."""
     q, sx = quantize_rows(x, inv_s)
-    return torch._int_mm(q, wt) * sx * sw
+    return int8_mm(q, wt) * sx * sw
 
 
 @functools.cache
 def native_unavailable_reason() -> str:
     """Why W8A8 calls cannot run the native op here ("" when they can); builds kernels/cpu on first call. Native
-    needs AVX-512 VNNI (the kernel measured against oneDNN; its AVX2 path is tested, not measured, so AVX2-only
-    CPUs keep torch._int_mm)."""
-    if "avx512_vnni" not in cpu_build.cpu_flags().split():
-        return "the CPU lacks avx512_vnni"
+    runs where kernels/cpu builds a vector int8 tile: vpdpbusd on AVX-512 VNNI, else the exact vpmaddubsw tile on
+    AVX2."""
     try:
         if not cpu_ops.w8a8_native():
             return "kernels/cpu was built without its vector w8a8 kernel"
@@ -93,9 +119,18 @@ def native_unavailable_reason() -> str:
 
 KERNELS = ("native", "fused", "int_mm", "torch")
 # From this many rows per call the "native" kernel runs w8a8_int_mm (oneDNN's int8 core) instead of the fused
-# register-tile op; None: never (the fused op measured as fast or faster at 64..2048 rows on every layer shape with
-# the model's float channels, bench/results/int8_linear.md).
-INT_MM_ROWS: int | None = None
+# register-tile op, on CPUs whose fused tile is AVX2's vpmaddubsw and whose oneDNN int8 GEMM is exact (AVX-VNNI
+# without AVX-512): the crossover of the two measured with oneDNN held to AVX2 (bench/results/int8_linear-avx2.md).
+# With AVX-512 VNNI the fused op measured as fast or faster at 64..2048 rows on every layer shape with the model's
+# float channels (bench/results/int8_linear.md), and where oneDNN's int8 GEMM saturates it is never used.
+AVX2_INT_MM_ROWS = 128
+
+
+def default_int_mm_rows() -> int | None:
+    """The row count from which "native" runs w8a8_int_mm on this CPU, None for never (AVX2_INT_MM_ROWS's note)."""
+    if not int_mm_exact() or "avx512_vnni" in cpu_build.cpu_flags().split():
+        return None
+    return AVX2_INT_MM_ROWS
 
 
 class W8A8Weight(QuantWeight):
@@ -125,7 +160,7 @@ class W8A8Weight(QuantWeight):
         self.out_features, self.in_features = n, k
         codes, scale = int8_codes(w)
         self.kernel = "torch" if native_unavailable_reason() else "native"
-        self.int_mm_rows: int | None = INT_MM_ROWS  # "native": w8a8_int_mm from this many rows (None: never)
+        self.int_mm_rows = default_int_mm_rows()  # "native": w8a8_int_mm from this many rows (None: never)
         self.register_buffer("wt", codes.t().contiguous())  # [K, N]
         self.register_buffer("sw", scale)  # [N]
         self.register_buffer("wp", None)
@@ -153,6 +188,8 @@ class W8A8Weight(QuantWeight):
             raise ValueError(f"unknown w8a8 kernel {kernel!r} ({', '.join(KERNELS)})")
         if kernel != "torch" and native_unavailable_reason():
             raise RuntimeError(f"the native w8a8 kernel cannot run here: {native_unavailable_reason()}")
+        if kernel == "int_mm" and not int_mm_exact():
+            raise RuntimeError("w8a8_int_mm cannot run here: oneDNN's int8 GEMM saturates on this CPU")
         self.kernel = kernel
         self._pack()
 
@@ -276,6 +313,7 @@ def describe_plan(model: nn.Module, names: tuple[str, ...]) -> str:
                     big = f"rows >= {lo}: int8 x int8 -> int32{extra} ({how})"
                 plans[name] = f"{name} {small}{big}"
     isa = int8_isa()
-    how = "kernels/cpu" if not native_unavailable_reason() else "oneDNN torch._int_mm"
+    how = ("kernels/cpu" if not native_unavailable_reason() else "oneDNN torch._int_mm" if int_mm_exact()
+           else "float32 products of the codes: oneDNN's int8 GEMM saturates here")
     return (f"int8 arithmetic ({isa} via {how}; activations per token): "
             + "; ".join(plans[n] for n in names if n in plans))

@@ -120,9 +120,9 @@ def weights_mode(model: torch.nn.Module, group: tuple[int, ...]) -> str:
 
 def row_thresholds(model: torch.nn.Module) -> set[int]:
     """Row counts at which the model's forward takes another path: each quantized linear's `dense_min_rows`
-    (from there on one dense GEMM, kernels/quant/weights.py) and each int8 linear's `min_rows` when it has a
-    kernel for fewer rows (kernels/quant/w8a8.py). A group spanning one of these would not export: its graph
-    would guard on the batch size."""
+    (from there on one dense GEMM, kernels/quant/weights.py), each int8 linear's `min_rows` when it has a kernel
+    for fewer rows and its `int_mm_rows` where it switches op there (kernels/quant/w8a8.py). A group spanning one
+    of these would not export: its graph would guard on the batch size."""
     from kernels.quant.w8a8 import W8A8Weight
     from kernels.quant.weights import QuantWeight
 
@@ -132,6 +132,8 @@ def row_thresholds(model: torch.nn.Module) -> set[int]:
             out.add(int(m.dense_min_rows))
         if isinstance(m, W8A8Weight) and m.small is not None:
             out.add(m.min_rows)
+        if isinstance(m, W8A8Weight) and m.kernel == "native" and m.int_mm_rows is not None:
+            out.add(m.int_mm_rows)
     return out
 
 

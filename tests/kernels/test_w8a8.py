@@ -6,12 +6,21 @@ kernel; bad inputs."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
 from kernels import quant
+from kernels.cpu import build as cpu_build
+from kernels.quant import w8a8
 from kernels.quant.w8a8 import W8A8Weight, describe_plan, int8_codes, quantize_rows, wrap_linears
+from runtime.executor import aot_graph
 
 # (N, K): q/o, k/v, up, down of SmolLM2-135M, and sizes off every tile (oneDNN blocks of 16/64, VNNI groups of 4)
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (33, 40), (100, 72), (7, 13)]
@@ -182,6 +191,8 @@ def test_wrap_linears_replaces_quantized_weights_only() -> None:
     err = (model[0].w_o.dequantize() - before.dequantize()).abs()
     assert (err <= model[0].w_o.sw[:, None] / 2 + 1e-7).all()
     assert wrap_linears(model, ("w_o",), 8) == []  # idempotent
+    if model[0].w_o.kernel == "native":
+        model[0].w_o.int_mm_rows = None  # the fused op at every row count (what AVX-512 VNNI CPUs run)
     line = describe_plan(model, ("w_o", "w_down"))
     # the 4-bit kernel is the one `to_kernel` chose on this CPU (the native GEMV where it wins, else torch's)
     small = type(before).__name__
@@ -191,3 +202,67 @@ def test_wrap_linears_replaces_quantized_weights_only() -> None:
         model[0].w_o.int_mm_rows = 300
         assert (f"w_o rows < 8: int4 weight-only ({small}), rows 8..299: int8 x int8 -> int32 (fused w8a8_linear), "
                 "rows >= 300: the same on oneDNN's core (w8a8_int_mm)") in describe_plan(model, ("w_o",))
+        # compiled graphs are cut at every row count where a linear changes path
+        assert {8, 300} <= aot_graph.row_thresholds(model)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_int8_mm_is_exact_on_both_paths(exact: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The torch twin's int8 product: torch._int_mm where oneDNN is exact, float32 chunks of EXACT_K elsewhere;
+    full-range codes, the extremes that saturate int16 pair sums, K past one and two chunks."""
+    if exact and not w8a8.int_mm_exact():
+        pytest.skip("oneDNN's int8 GEMM saturates on this CPU (no VNNI or AMX-INT8)")
+    monkeypatch.setattr(w8a8, "int_mm_exact", lambda: exact)
+    g = torch.Generator().manual_seed(11)
+    for m, k, n in ((1, 576, 960), (64, 1536, 576), (5, 2 * w8a8.EXACT_K + 3, 17)):
+        q = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
+        wt = torch.randint(-127, 128, (k, n), generator=g, dtype=torch.int8)
+        assert torch.equal(w8a8.int8_mm(q, wt).long(), q.long() @ wt.long()), (m, k, n)
+        for a, b in ((127, 127), (-127, 127), (127, -127)):
+            qa, wb = torch.full_like(q, a), torch.full_like(wt, b)
+            out = w8a8.int8_mm(qa, wb)
+            assert out.dtype == torch.int32 and (out.long() == a * b * k).all(), (a, b, k)
+
+
+# oneDNN held to AVX2 (its int8 GEMM then saturates) and kernels/cpu's AVX2 variant forced: what an AVX2-only CPU runs
+AVX2_SCRIPT = textwrap.dedent("""
+    import torch
+    from kernels.cpu import ops
+    ops.load()
+    assert "avx2" in ops.isas(), ops.isas()
+    ops.cpu_isa("avx2")
+    from kernels.quant import w8a8
+    q = torch.full((4, 256), 127, dtype=torch.int8)
+    assert (torch._int_mm(q, q.t().contiguous()) != 127 * 127 * 256).all()  # oneDNN's saturation, as documented
+    assert not w8a8.int_mm_exact() and w8a8.default_int_mm_rows() is None and not w8a8.native_unavailable_reason()
+    g = torch.Generator().manual_seed(3)
+    w = w8a8.W8A8Weight(torch.randn(576, 1536, generator=g) * 0.05, None, 1)
+    assert w.kernel == "native" and w.int_mm_rows is None
+    x = torch.randn(129, 1536, generator=g) * 4
+    y = w(x)
+    q, sx = w8a8.quantize_rows(x)
+    ref = (q.double() @ w.wt.double()) * sx.double() * w.sw.double()
+    assert torch.allclose(y.double(), ref, rtol=2e-6, atol=1e-30), (y.double() - ref).abs().max()
+    w.set_kernel("torch")
+    assert torch.equal(w(x), y)
+    try:
+        w.set_kernel("int_mm")
+        raise AssertionError("int_mm accepted where oneDNN saturates")
+    except RuntimeError as e:
+        assert "saturates" in str(e)
+    print("ok")
+""")
+
+
+@pytest.mark.usefixtures("native_kernels")
+def test_avx2_cpus_run_the_exact_native_tile() -> None:
+    """Where oneDNN's int8 GEMM lacks VNNI (emulated here by ONEDNN_MAX_CPU_ISA=AVX2 and the forced AVX2 variant),
+    W8A8 calls run kernels/cpu's exact vpmaddubsw tile at every row count and the torch twin its exact float32
+    chunks: both give the float64 reference's bits on the same codes."""
+    if not {"avx2", "fma", "f16c"} <= set(cpu_build.cpu_flags().split()):
+        pytest.skip("this CPU lacks the AVX2 variant's avx2, fma, f16c")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, "-c", AVX2_SCRIPT], env=env, cwd=root, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]

@@ -73,21 +73,31 @@ def test_rows_are_batch_invariant_and_bfloat16_rounds_once() -> None:
         assert torch.equal(ops.w8a8_linear(x[lo:hi], wp, colsum, w8.sw), full[lo:hi])
     # a row-strided view (every other row) is read in place
     assert torch.equal(ops.w8a8_linear(x[::2], wp, colsum, w8.sw), full[::2])
-    yb = ops.w8a8_linear(x.bfloat16(), wp, colsum, w8.sw)
-    assert yb.dtype == torch.bfloat16
-    assert torch.equal(yb, w8a8_mm(x.bfloat16(), w8.wt, w8.sw).bfloat16())
+    twin = w8a8_mm(x.bfloat16(), w8.wt, w8.sw).bfloat16()
+    for isa in ops.isas():  # each variant widens bf16 activations in its own quantization pass
+        ops.cpu_isa(isa)
+        yb = ops.w8a8_linear(x.bfloat16(), wp, colsum, w8.sw)
+        assert yb.dtype == torch.bfloat16
+        assert torch.equal(yb, twin), isa
+    ops.cpu_isa("auto")
 
 
-def test_zero_and_non_finite_rows() -> None:
-    w8, x, wp, colsum = _weight(33, 40, seed=9)
-    x = x[:4].clone()
+@pytest.mark.parametrize("k", [40, 43])
+def test_zero_and_non_finite_rows(k: int) -> None:
+    w8, x, wp, colsum = _weight(33, k, seed=9)
+    x = x[:6].clone()
     x[0] = 0.0
     x[2, 5] = float("nan")
     x[3, 7] = float("inf")
-    y = ops.w8a8_linear(x, wp, colsum, w8.sw)
-    assert (y[0] == 0).all() and torch.isfinite(y[1]).all()
-    assert torch.isnan(y[2]).all() and torch.isnan(y[3]).all()  # a non-finite row gives NaN, never stale codes
-    assert torch.equal(y[1], w8a8_mm(x[1:2], w8.wt, w8.sw)[0])
+    x[4, k - 1] = float("-inf")  # in the vector passes' tail where K is not a multiple of their width
+    x[5, k - 2] = float("nan")
+    for isa in ops.isas():
+        ops.cpu_isa(isa)
+        y = ops.w8a8_linear(x, wp, colsum, w8.sw)
+        assert (y[0] == 0).all() and torch.isfinite(y[1]).all(), isa
+        assert torch.isnan(y[2:]).all(), isa  # a non-finite row gives NaN, never stale codes
+        assert torch.equal(y[1], w8a8_mm(x[1:2], w8.wt, w8.sw)[0]), isa
+    ops.cpu_isa("auto")
 
 
 def test_bad_operands_raise() -> None:
