@@ -142,9 +142,12 @@ def main() -> None:
                     "float input channels (fused +F, hybrid +F)")
     ap.add_argument("--only", default=None, help="comma-separated candidate names to time (default: all)")
     ap.add_argument("--out", default=None, help="write the markdown table here too")
+    ap.add_argument("--isa", default="auto", help="the kernels/cpu variant the native ops run (avx512, avx2, "
+                    "portable; with ONEDNN_MAX_CPU_ISA=AVX2 in the environment too, what an AVX2-only CPU runs)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cpu_ops.load()
+    isa_variant = cpu_ops.cpu_isa(args.isa)
     compiled = torch.compile(w8a8, dynamic=True)
     only = args.only.split(",") if args.only else None
 
@@ -153,9 +156,13 @@ def main() -> None:
                 or (c.endswith("+F") and args.float_channels > 0))
     flags = set(cpuinfo("flags").split())
     isa = ", ".join(f for f in INT8_FLAGS if f in flags) or "none"
-    lines = [f"# int8 W8A8 vs float linears on {describe()}", "", f"int8 ISA flags: {isa}", "",
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "")
+    lines = [f"# int8 W8A8 vs float linears on {describe()}", "", f"int8 ISA flags: {isa}; kernels/cpu variant "
+             f"{isa_variant}; oneDNN " + (f"held to ONEDNN_MAX_CPU_ISA={onednn}" if onednn else "unrestricted"), "",
              f"torch {torch.__version__}, {args.threads} threads, {args.rounds} alternating rounds x {args.calls} "
-             "calls, medians. Cells: microseconds per call (G(FL)OP/s). Command: `bench/int8_linear.py "
+             "calls, medians. Cells: microseconds per call (G(FL)OP/s). Command: `" + "".join(
+                 f"{v}={os.environ[v]} " for v in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS") if v in os.environ)
+             + "bench/int8_linear.py "
              + " ".join(sys.argv[1:]) + "`", ""]
     for name in args.shapes.split(","):
         n, k = SHAPES[name]

@@ -10,7 +10,7 @@
 //
 // Arithmetic, per row m (each step the same as the twin's, so both give the same bits without float channels):
 //   xs = x[m] * inv_s (float32), a = max_k |xs|, sx = a / 127 (1 for a = 0; NaN for a non-finite row),
-//   q = round-half-even(xs / sx) in -127..127, stored as u8 q + 128 (padding past K: 128, i.e. q = 0);
+//   q = round-half-even(xs / sx) in -127..127, stored as u8 q + 128 (s8 q on AVX2; padding past K: q = 0);
 //   acc[n] = sum_k (q_k + 128) W8[n, k] - 128 colsum[n] = sum_k q_k W8[n, k], exact in int32;
 //   y = (float(acc) * sx) * sw[n], then y = fma(x[m, fidx[f]], wf[f, n], y) for f = 0..F-1 in order.
 // An output element depends on its own row of x only, in an order fixed by K and F: rows are batch-invariant, and
@@ -19,9 +19,10 @@
 // AVX-512 VNNI: the u8 x s8 product of one k-group of 4 for 16 output channels is one vpdpbusd (the weight tile
 // row, 64 bytes, times the activation's 4 bytes broadcast); a register tile of 4 rows x 4 tiles (16 zmm
 // accumulators, 4 weight loads and 4 broadcasts per k-group) runs the whole K. AVX2 (and AVX-512 without VNNI):
-// |w| times sign(w) * q through vpmaddubsw + vpmaddwd (no int16 saturation: |q|, |w| <= 127), 2 rows x 16 channels
-// per tile. Portable: plain int32 loops. Work splits into (64 output channels) x (64 rows) blocks, the rows inner,
-// so each thread reuses a weight block (K x 64 bytes) from cache across its rows; at::parallel_for over blocks.
+// |w| times sign(w) * q through vpmaddubsw + vpmaddwd (no int16 saturation: |q|, |w| <= 127), 4 rows x 16 channels
+// per tile (|w| computed once a k-group for the 4 rows). Portable: plain int32 loops. Work splits into (64 output
+// channels) x (64 rows) blocks, the rows inner, so each thread reuses a weight block (K x 64 bytes) from cache
+// across its rows; at::parallel_for over blocks.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -47,8 +48,16 @@ constexpr int KG = 4;        // k per group (one vpdpbusd lane)
 constexpr int NT_MAX = 4;    // tiles per block of work (64 channels)
 constexpr int MR_MAX = 4;    // rows per register tile
 constexpr int64_t MC = 64;   // rows per block of work
+// The activation codes' offset: u8 q + 128 for vpdpbusd's unsigned operand (and the portable loop, which subtracts
+// 128 colsum like it); s8 q for the AVX2 tile, which multiplies signed codes exactly.
+#if !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)) && defined(__AVX2__)
+constexpr int A_OFF = 0;
+#else
+constexpr int A_OFF = 128;
+#endif
 
-// Activations of one call: u8 codes [M, K4 * 4] (q + 128), scales sx [M], the float channels' raw values [M, F].
+// Activations of one call: codes [M, K4 * 4] (q + A_OFF as bytes; padding past K: A_OFF, i.e. q = 0), scales sx [M],
+// the float channels' raw values [M, F].
 struct Rows {
   std::vector<uint8_t> a;
   std::vector<float> sx, xf;
@@ -58,13 +67,13 @@ struct Rows {
 template <typename T>
 Rows quantize(const at::Tensor& x, const float* inv_s, const int64_t* fidx, int64_t nf) {
   const int64_t M = x.size(0), K = x.size(1), K4 = (K + KG - 1) / KG, ldx = x.stride(0);
-  Rows r{std::vector<uint8_t>(M * K4 * KG, uint8_t{128}), std::vector<float>(M), std::vector<float>(M * nf),
+  Rows r{std::vector<uint8_t>(M * K4 * KG, uint8_t{A_OFF}), std::vector<float>(M), std::vector<float>(M * nf),
          K4 * KG, nf};
   const T* xp = static_cast<const T*>(x.data_ptr());
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     std::vector<float> buf(K);
     for (int64_t m = m0; m < m1; ++m) {
-      quantize_row<uint8_t, 128>(xp + m * ldx, inv_s, K, r.a.data() + m * r.lda, r.sx.data() + m, buf.data());
+      quantize_row<uint8_t, A_OFF>(xp + m * ldx, inv_s, K, r.a.data() + m * r.lda, r.sx.data() + m, buf.data());
       for (int64_t f = 0; f < nf; ++f) r.xf[m * nf + f] = to_float(xp[m * ldx + fidx[f]]);
     }
   });
@@ -133,23 +142,23 @@ inline void tile_vnni(const uint8_t* a, int64_t lda, const int8_t* w, int64_t ts
 }
 #elif defined(__AVX2__)
 #define RADIXGEN_W8A8_AVX2 1
-// As tile_vnni with exact signed sums (no offset): per k-group and 8 channels, maddubs(|w|, sign(q, w)) pairs
-// then madd with ones; |q|, |w| <= 127, so a pair is at most 2 * 127 * 127 < 2^15.
+// As tile_vnni with exact signed sums on s8 codes (no offset): per k-group and 8 channels, maddubs(|w|, sign(q, w))
+// pairs then madd with ones; |q|, |w| <= 127, so a pair is at most 2 * 127 * 127 < 2^15.
 template <int R>
 inline void tile_avx2(const uint8_t* a, int64_t lda, const int8_t* w, int64_t K4, int32_t (*acc)[NT_MAX * TILE],
                       int col0) {
   __m256i c[R][2];
   for (int r = 0; r < R; ++r) c[r][0] = c[r][1] = _mm256_setzero_si256();
-  const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t g = 0; g < K4; ++g) {
     const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64));
     const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64 + 32));
     const __m256i u0 = _mm256_sign_epi8(w0, w0), u1 = _mm256_sign_epi8(w1, w1);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       int32_t quad;
       std::memcpy(&quad, a + r * lda + g * KG, 4);
-      const __m256i q = _mm256_xor_si256(_mm256_set1_epi32(quad), flip);  // u8 q + 128 -> s8 q
+      const __m256i q = _mm256_set1_epi32(quad);
       c[r][0] = _mm256_add_epi32(c[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(u0, _mm256_sign_epi8(q, w0)), ones));
       c[r][1] = _mm256_add_epi32(c[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(u1, _mm256_sign_epi8(q, w1)), ones));
     }
@@ -183,13 +192,14 @@ void run_block(const Rows& rows, const Operands& op, int64_t m0, int64_t m1, int
 #undef RADIXGEN_W8A8_CASE
     constexpr bool offset = true;
 #elif defined(RADIXGEN_W8A8_AVX2)
-    for (int j = 0; j < nt; ++j)
-      for (int64_t r = 0; r < R; r += 2) {
-        if (R - r >= 2)
-          tile_avx2<2>(a + r * rows.lda, rows.lda, w + j * ts, op.K4, acc + r, j * TILE);
-        else
-          tile_avx2<1>(a + r * rows.lda, rows.lda, w + j * ts, op.K4, acc + r, j * TILE);
+    for (int j = 0; j < nt; ++j) {
+      switch (R) {
+        case 4: tile_avx2<4>(a, rows.lda, w + j * ts, op.K4, acc, j * TILE); break;
+        case 3: tile_avx2<3>(a, rows.lda, w + j * ts, op.K4, acc, j * TILE); break;
+        case 2: tile_avx2<2>(a, rows.lda, w + j * ts, op.K4, acc, j * TILE); break;
+        default: tile_avx2<1>(a, rows.lda, w + j * ts, op.K4, acc, j * TILE); break;
       }
+    }
     constexpr bool offset = false;
 #else
     for (int r = 0; r < R; ++r)

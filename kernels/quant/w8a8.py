@@ -120,10 +120,11 @@ def native_unavailable_reason() -> str:
 KERNELS = ("native", "fused", "int_mm", "torch")
 # From this many rows per call the "native" kernel runs w8a8_int_mm (oneDNN's int8 core) instead of the fused
 # register-tile op, on CPUs whose fused tile is AVX2's vpmaddubsw and whose oneDNN int8 GEMM is exact (AVX-VNNI
-# without AVX-512): the crossover of the two measured with oneDNN held to AVX2 (bench/results/int8_linear-avx2.md).
-# With AVX-512 VNNI the fused op measured as fast or faster at 64..2048 rows on every layer shape with the model's
-# float channels (bench/results/int8_linear.md), and where oneDNN's int8 GEMM saturates it is never used.
-AVX2_INT_MM_ROWS = 128
+# without AVX-512): with oneDNN held to AVX2, a core no faster than AVX-VNNI's, w8a8_int_mm won on every layer shape
+# from 256 rows and lost on most at 128 (bench/results/int8_linear-avx2.md). With AVX-512 VNNI the fused op measured
+# as fast or faster at 64..2048 rows on every layer shape with the model's float channels
+# (bench/results/int8_linear.md), and where oneDNN's int8 GEMM saturates it is never used.
+AVX2_INT_MM_ROWS = 256
 
 
 def default_int_mm_rows() -> int | None:
