@@ -191,6 +191,24 @@ inline void silu_mul_row_bf16(const uint16_t* g, const uint16_t* u, uint16_t* o,
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// One float32 row on 8 lanes: the scalar loop's arithmetic (exp8 is exp_f's polynomial), sigmoid 0 below
+// SILU_ZERO_BELOW as g * 0 (NaN for g = -inf, as torch); the tail in the scalar loop's form. (AVX-512 variants
+// leave the float32 loop to the vectorizer, which widens it to 16 lanes; for 8 it did not: 2.6 ms against 0.8 at
+// 1,000 x 1,536.)
+inline void silu_mul_row_f32(const float* g, const float* u, float* o, int64_t n) {
+  const __m256 lo = _mm256_set1_ps(SILU_ZERO_BELOW), one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 gf = _mm256_loadu_ps(g + j);
+    const __m256 sg = _mm256_div_ps(gf, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, gf))));
+    const __m256 s = _mm256_blendv_ps(sg, _mm256_mul_ps(gf, zero), _mm256_cmp_ps(gf, lo, _CMP_LT_OQ));
+    _mm256_storeu_ps(o + j, _mm256_mul_ps(s, _mm256_loadu_ps(u + j)));
+  }
+  for (; j < n; ++j) o[j] = (g[j] < SILU_ZERO_BELOW ? g[j] * 0.f : g[j] / (1.f + exp_f(-g[j]))) * u[j];
+}
+#endif
+
 template <typename T>
 void silu_mul_rows(const T* gu, T* out, int64_t rows, int64_t n) {
   at::parallel_for(0, rows, kGrain, [&](int64_t b, int64_t e) {
@@ -201,6 +219,12 @@ void silu_mul_rows(const T* gu, T* out, int64_t rows, int64_t n) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
       if constexpr (std::is_same_v<T, bf16_bits>) {
         silu_mul_row_bf16(g, u, o, n);
+        continue;
+      }
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+      if constexpr (std::is_same_v<T, float>) {
+        silu_mul_row_f32(g, u, o, n);
         continue;
       }
 #endif
