@@ -176,14 +176,14 @@ def main() -> None:
     ap.add_argument("--extra", nargs="*", default=[], help="more config as key=value (ints parsed)")
     args = ap.parse_args()
     extra = {k: (int(v) if v.lstrip("-").isdigit() else v) for k, v in (e.split("=", 1) for e in args.extra)}
-    cfg = make_config(dtype="auto", num_threads=2, quantization=args.quantization, compile_mode=args.compile_mode,
-                      max_total_tokens=65536, **extra)
+    cfg = make_config(**{"dtype": "auto", "num_threads": 2, "quantization": args.quantization,
+                         "compile_mode": args.compile_mode, "max_total_tokens": 65536, **extra})
     t = time.perf_counter()
     runner = create_model_runner(cfg, progress=False)
     if runner.compile is not None:
         runner.compile.wait() if hasattr(runner.compile, "wait") else None
     print(f"# {describe()}; torch threads {torch.get_num_threads()}; quantization {args.quantization}, "
-          f"compile {args.compile_mode}, kv {runner.kv_dtype}; start-up {time.perf_counter() - t:.1f} s", flush=True)
+          f"compile {args.compile_mode}, dtype {runner.dtype}, kv {runner.kv_dtype}; start-up {time.perf_counter() - t:.1f} s", flush=True)
     instrument(runner)
     sched = Scheduler(runner, runner.allocator, runner.req_to_token, cfg, runner.eos_token_ids)
     for s in args.scenarios:
