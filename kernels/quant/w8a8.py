@@ -118,20 +118,28 @@ def native_unavailable_reason() -> str:
 
 
 KERNELS = ("native", "fused", "int_mm", "torch")
-# From this many rows per call the "native" kernel runs w8a8_int_mm (oneDNN's int8 core) instead of the fused
-# register-tile op, on CPUs whose fused tile is AVX2's vpmaddubsw and whose oneDNN int8 GEMM is exact (AVX-VNNI
-# without AVX-512): with oneDNN held to AVX2, a core no faster than AVX-VNNI's, w8a8_int_mm won on every layer shape
-# from 256 rows and lost on most at 128 (bench/results/int8_linear-avx2.md). With AVX-512 VNNI the fused op measured
-# as fast or faster at 64..2048 rows on every layer shape with the model's float channels
-# (bench/results/int8_linear.md), and where oneDNN's int8 GEMM saturates it is never used.
+# From how many rows per call the "native" kernel runs w8a8_int_mm (oneDNN's int8 core) instead of the fused
+# register-tile op (the same bits either way), by the int8 arithmetic each can use:
+# - oneDNN's int8 GEMM saturates (no VNNI or AMX-INT8): never (int_mm_exact).
+# - AMX-INT8: from AMX_INT_MM_ROWS, two 16-row AMX tiles, where oneDNN's tile multiplies outrun the fused op's
+#   vpdpbusd many times over. Not measured here: no AMX CPU was at hand.
+# - AVX-512 VNNI without AMX: never; the fused op measured as fast or faster at 64..2048 rows on every layer shape
+#   with the model's float channels (bench/results/int8_linear.md).
+# - AVX-VNNI without AVX-512 (the fused tile is AVX2's vpmaddubsw): from AVX2_INT_MM_ROWS; with oneDNN held to AVX2,
+#   a core no faster than AVX-VNNI's, w8a8_int_mm won on every layer shape from 256 rows and lost on most at 128
+#   (bench/results/int8_linear-avx2.md).
+AMX_INT_MM_ROWS = 32
 AVX2_INT_MM_ROWS = 256
 
 
 def default_int_mm_rows() -> int | None:
-    """The row count from which "native" runs w8a8_int_mm on this CPU, None for never (AVX2_INT_MM_ROWS's note)."""
-    if not int_mm_exact() or "avx512_vnni" in cpu_build.cpu_flags().split():
+    """The row count from which "native" runs w8a8_int_mm on this CPU, None for never (the rule above)."""
+    flags = set(cpu_build.cpu_flags().split())
+    if not int_mm_exact():
         return None
-    return AVX2_INT_MM_ROWS
+    if "amx_int8" in flags:
+        return AMX_INT_MM_ROWS
+    return None if "avx512_vnni" in flags else AVX2_INT_MM_ROWS
 
 
 class W8A8Weight(QuantWeight):
@@ -278,15 +286,8 @@ def wrap_linears(model: nn.Module, names: tuple[str, ...], min_rows: int) -> lis
 def int8_isa() -> str:
     """The int8 dot-product instructions oneDNN's int8 GEMM can use on this CPU, best first: amx_int8,
     avx512_vnni, avx_vnni, avx2 (vpmaddubsw), else "reference" (torch's own loops, slow)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(next((ln.split(":", 1)[1] for ln in f if ln.startswith("flags")), "").split())
-    except OSError:
-        flags = set()
-    for isa in ("amx_int8", "avx512_vnni", "avx_vnni", "avx2"):
-        if isa in flags:
-            return isa
-    return "reference"
+    flags = set(cpu_build.cpu_flags().split())
+    return next((isa for isa in ("amx_int8", "avx512_vnni", "avx_vnni", "avx2") if isa in flags), "reference")
 
 
 def _kernel_name(w: QuantWeight) -> str:

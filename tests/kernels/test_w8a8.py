@@ -266,3 +266,18 @@ def test_avx2_cpus_run_the_exact_native_tile() -> None:
     r = subprocess.run([sys.executable, "-c", AVX2_SCRIPT], env=env, cwd=root, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("flags,exact,rows", [
+    ("avx2 fma f16c avx512f avx512_vnni amx_int8", True, w8a8.AMX_INT_MM_ROWS),
+    ("avx2 fma f16c avx512f avx512_vnni", True, None),
+    ("avx2 fma f16c avx_vnni", True, w8a8.AVX2_INT_MM_ROWS),
+    ("avx2 fma f16c", False, None),
+    ("avx2 fma f16c avx512f", False, None),
+])
+def test_the_op_switch_follows_the_cpus_int8_arithmetic(flags: str, exact: bool, rows: int | None,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_build, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(w8a8, "int_mm_exact", lambda: exact)
+    assert w8a8.default_int_mm_rows() == rows
+    assert w8a8.int8_isa() == next(f for f in ("amx_int8", "avx512_vnni", "avx_vnni", "avx2") if f in flags.split())
