@@ -1,8 +1,8 @@
 """The fused native W8A8 linear (kernels/cpu/w8a8_linear.cpp) against its torch twin (kernels/quant/w8a8.py's
-w8a8_mm, torch._int_mm) and float64: the same codes and scales, exact int32 sums and the same two float32
-products, so without float channels every ISA variant built here gives the twin's bits; with smoothing and float
-channels it stays within float32 rounding of the float64 sum. Rows are batch-invariant bit for bit. Bad operands
-raise naming the operand."""
+w8a8_mm: torch._int_mm, or exact float32 chunks where oneDNN saturates) and float64: the same codes and scales,
+exact int32 sums and the same two float32 products, so without float channels every ISA variant built here gives
+the twin's bits; with smoothing and float channels it stays within float32 rounding of the float64 sum. Rows are
+batch-invariant bit for bit. Bad operands raise naming the operand."""
 
 from __future__ import annotations
 
