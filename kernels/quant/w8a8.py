@@ -86,10 +86,11 @@ def int_mm_exact() -> bool:
                for m in (1, 64))
 
 
-def int8_mm(q: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
-    """q int8 [M, K] @ wt int8 [K, N] -> int32 [M, N], exact: torch._int_mm where it is exact (int_mm_exact),
-    else float32 products over K chunks of EXACT_K, each chunk's sum exact, added in int32."""
-    if int_mm_exact():
+def int8_mm(q: torch.Tensor, wt: torch.Tensor, exact: bool | None = None) -> torch.Tensor:
+    """q int8 [M, K] @ wt int8 [K, N] -> int32 [M, N], exact: torch._int_mm where it is exact (`exact`, else
+    int_mm_exact(); a caller inside a compiled graph passes it, so the probe never runs in a trace), else float32
+    products over K chunks of EXACT_K, each chunk's sum exact, added in int32."""
+    if int_mm_exact() if exact is None else exact:
         return torch._int_mm(q, wt)
     acc = torch.zeros(q.shape[0], wt.shape[1], dtype=torch.int32)
     for k0 in range(0, q.shape[1], EXACT_K):
@@ -97,11 +98,12 @@ def int8_mm(q: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
     return acc
 
 
-def w8a8_mm(x: torch.Tensor, wt: torch.Tensor, sw: torch.Tensor, inv_s: torch.Tensor | None = None) -> torch.Tensor:
+def w8a8_mm(x: torch.Tensor, wt: torch.Tensor, sw: torch.Tensor, inv_s: torch.Tensor | None = None,
+            exact: bool | None = None) -> torch.Tensor:
     """x [M, K] float; wt int8 [K, N]; sw float32 [N]; inv_s float32 [K] or None -> float32 [M, N] =
-    dequant(int8(x * inv_s) @ wt)."""
+    dequant(int8(x * inv_s) @ wt); `exact` as int8_mm's."""
     q, sx = quantize_rows(x, inv_s)
-    return int8_mm(q, wt) * sx * sw
+    return int8_mm(q, wt, exact) * sx * sw
 
 
 @functools.cache
@@ -169,6 +171,7 @@ class W8A8Weight(QuantWeight):
         self.out_features, self.in_features = n, k
         codes, scale = int8_codes(w)
         self.kernel = "torch" if native_unavailable_reason() else "native"
+        self.int_mm_exact = int_mm_exact()  # probed here, outside any compiled graph
         self.int_mm_rows = default_int_mm_rows()  # "native": w8a8_int_mm from this many rows (None: never)
         self.register_buffer("wt", codes.t().contiguous())  # [K, N]
         self.register_buffer("sw", scale)  # [N]
@@ -197,7 +200,7 @@ class W8A8Weight(QuantWeight):
             raise ValueError(f"unknown w8a8 kernel {kernel!r} ({', '.join(KERNELS)})")
         if kernel != "torch" and native_unavailable_reason():
             raise RuntimeError(f"the native w8a8 kernel cannot run here: {native_unavailable_reason()}")
-        if kernel == "int_mm" and not int_mm_exact():
+        if kernel == "int_mm" and not self.int_mm_exact:
             raise RuntimeError("w8a8_int_mm cannot run here: oneDNN's int8 GEMM saturates on this CPU")
         self.kernel = kernel
         self._pack()
@@ -262,7 +265,7 @@ class W8A8Weight(QuantWeight):
                 return cpu_ops.w8a8_int_mm(x, self.wt, self.sw, self.inv_s, self.fidx, self.wf)
             assert self.wp is not None and self.colsum is not None  # packed while the kernel is native or fused
             return cpu_ops.w8a8_linear(x, self.wp, self.colsum, self.sw, self.inv_s, self.fidx, self.wf)
-        y = w8a8_mm(x, self.wt, self.sw, self.inv_s)
+        y = w8a8_mm(x, self.wt, self.sw, self.inv_s, self.int_mm_exact)
         if self.fidx is not None and self.wf is not None:
             y = torch.addmm(y, x[:, self.fidx].float(), self.wf)
         return y.to(x.dtype)

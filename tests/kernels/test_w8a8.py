@@ -207,20 +207,19 @@ def test_wrap_linears_replaces_quantized_weights_only() -> None:
 
 
 @pytest.mark.parametrize("exact", [True, False])
-def test_int8_mm_is_exact_on_both_paths(exact: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_int8_mm_is_exact_on_both_paths(exact: bool) -> None:
     """The torch twin's int8 product: torch._int_mm where oneDNN is exact, float32 chunks of EXACT_K elsewhere;
     full-range codes, the extremes that saturate int16 pair sums, K past one and two chunks."""
     if exact and not w8a8.int_mm_exact():
         pytest.skip("oneDNN's int8 GEMM saturates on this CPU (no VNNI or AMX-INT8)")
-    monkeypatch.setattr(w8a8, "int_mm_exact", lambda: exact)
     g = torch.Generator().manual_seed(11)
     for m, k, n in ((1, 576, 960), (64, 1536, 576), (5, 2 * w8a8.EXACT_K + 3, 17)):
         q = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
         wt = torch.randint(-127, 128, (k, n), generator=g, dtype=torch.int8)
-        assert torch.equal(w8a8.int8_mm(q, wt).long(), q.long() @ wt.long()), (m, k, n)
+        assert torch.equal(w8a8.int8_mm(q, wt, exact).long(), q.long() @ wt.long()), (m, k, n)
         for a, b in ((127, 127), (-127, 127), (127, -127)):
             qa, wb = torch.full_like(q, a), torch.full_like(wt, b)
-            out = w8a8.int8_mm(qa, wb)
+            out = w8a8.int8_mm(qa, wb, exact)
             assert out.dtype == torch.int32 and (out.long() == a * b * k).all(), (a, b, k)
 
 
@@ -281,3 +280,18 @@ def test_the_op_switch_follows_the_cpus_int8_arithmetic(flags: str, exact: bool,
     monkeypatch.setattr(w8a8, "int_mm_exact", lambda: exact)
     assert w8a8.default_int_mm_rows() == rows
     assert w8a8.int8_isa() == next(f for f in ("amx_int8", "avx512_vnni", "avx_vnni", "avx2") if f in flags.split())
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_the_torch_twin_compiles_as_one_graph(exact: bool) -> None:
+    """The torch kernel (the path without a toolchain) traces whole on either int8 product: the probe of oneDNN
+    runs when the weight is built, never inside the trace."""
+    if exact and not w8a8.int_mm_exact():
+        pytest.skip("oneDNN's int8 GEMM saturates on this CPU (no VNNI or AMX-INT8)")
+    x, wf = _operands(16, 48, 1100, seed=5)  # K past one float32 chunk
+    w = W8A8Weight(wf, None, 1)
+    w.set_kernel("torch")
+    w.int_mm_exact = exact
+    torch._dynamo.reset()
+    y = torch.compile(w, fullgraph=True, dynamic=True)(x)
+    assert torch.allclose(y.double(), _reference(x, w), rtol=2e-6, atol=1e-30)
