@@ -29,11 +29,12 @@ product on codes packed at load, `wp` and `colsum`, the dequantization and the f
 kernels/cpu/w8a8_int_mm.cpp runs the same quantization and epilogue as native passes around torch._int_mm on `wt`
 (oneDNN's int8 GEMM core); the two ops give the same bits (float channels included), so a weight may switch op at
 `int_mm_rows` rows without changing any row's output. With AVX-512 VNNI the fused op is as fast or faster at every
-row count once the float channels are counted (bench/results/int8_linear.md): "native" never switches; on AVX2 it
-switches at AVX2_INT_MM_ROWS where oneDNN's int8 GEMM is exact (`int_mm_exact`: not where it lacks VNNI and AMX,
-whose int16 pair sums saturate). Elsewhere (and as the reference, `set_kernel("torch")`) the torch ops above, whose
-int8 product is `int8_mm` (exact on every CPU), which give the same bits without float channels (the native
-float-channel term is a fused multiply-add per channel, addmm's order differs by float32 rounding).
+row count once the float channels are counted (bench/results/int8_linear.md), so "native" switches only where
+`default_int_mm_rows` says (AMX-INT8; AVX-VNNI without AVX-512), and never where oneDNN's int8 GEMM is not exact
+(`int_mm_exact`: without VNNI and AMX its int16 pair sums saturate). Elsewhere (and as the reference,
+`set_kernel("torch")`) the torch ops above, whose int8 product is `int8_mm` (exact on every CPU); they give the same
+bits without float channels (the native float-channel term is a fused multiply-add per channel, addmm's order
+differs by float32 rounding).
 `set_kernel("fused"|"int_mm")` pins one native op at every row count (benchmarks).
 
 Weights come from float weights or any QTensor (a GGUF's 4-bit or Q8_0 blocks): dequantized to float32, then
