@@ -48,9 +48,15 @@ constexpr int KG = 4;        // k per group (one vpdpbusd lane)
 constexpr int NT_MAX = 4;    // tiles per block of work (64 channels)
 constexpr int MR_MAX = 4;    // rows per register tile
 constexpr int64_t MC = 64;   // rows per block of work
+// The register tile this variant compiles (below): vpdpbusd, else AVX2's vpmaddubsw, else the portable loop.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define RADIXGEN_W8A8_VNNI 1
+#elif defined(__AVX2__)
+#define RADIXGEN_W8A8_AVX2 1
+#endif
 // The activation codes' offset: u8 q + 128 for vpdpbusd's unsigned operand (and the portable loop, which subtracts
 // 128 colsum like it); s8 q for the AVX2 tile, which multiplies signed codes exactly.
-#if !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)) && defined(__AVX2__)
+#if defined(RADIXGEN_W8A8_AVX2)
 constexpr int A_OFF = 0;
 #else
 constexpr int A_OFF = 128;
@@ -109,8 +115,7 @@ inline void epilogue(const int32_t (*acc)[NT_MAX * TILE], bool offset, int R, in
   }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define RADIXGEN_W8A8_VNNI 1
+#if defined(RADIXGEN_W8A8_VNNI)
 // acc[r][16 j + c] = sum over the K4 groups of (q + 128) x W8 for R rows (a, lda bytes apart) and NT tiles (w,
 // `ts` bytes apart).
 template <int R, int NT>
@@ -140,8 +145,7 @@ inline void tile_vnni(const uint8_t* a, int64_t lda, const int8_t* w, int64_t ts
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < NT; ++j) _mm512_storeu_si512(acc[r] + j * TILE, c[r][j]);
 }
-#elif defined(__AVX2__)
-#define RADIXGEN_W8A8_AVX2 1
+#elif defined(RADIXGEN_W8A8_AVX2)
 // As tile_vnni with exact signed sums on s8 codes (no offset): per k-group and 8 channels, maddubs(|w|, sign(q, w))
 // pairs then madd with ones; |q|, |w| <= 127, so a pair is at most 2 * 127 * 127 < 2^15.
 template <int R>

@@ -1,10 +1,11 @@
 // Per-token dynamic int8 quantization of one activation row, shared by the W8A8 ops (w8a8_linear.cpp's fused
-// kernel, w8a8_int_mm.cpp's oneDNN-core path). Compiled per ISA variant (kernels/cpu/isa.h); the loops are plain
-// code the vectorizer widens, so every variant rounds alike.
+// kernel, w8a8_int_mm.cpp's oneDNN-core path). Compiled per ISA variant (kernels/cpu/isa.h): AVX-512 and AVX2
+// passes in intrinsics, the rest plain loops; every step is exact or correctly rounded, so every variant rounds alike.
 //
 //   xs = x * inv_s (float32; inv_s may be null), a = max_k |xs|, sx = a / 127 (1 for a = 0; NaN for a row with a
 //   NaN or inf), q = round-half-even(xs / sx) in -127..127, stored as C(q + OFF) (OFF 128 with C = uint8_t for
-//   vpdpbusd's unsigned operand, OFF 0 with C = int8_t for s8 x s8). A non-finite row stores q = 0 everywhere.
+//   vpdpbusd's unsigned operand; OFF 0 for s8 x s8: C = int8_t, or uint8_t holding the s8 bytes for the AVX2
+//   tile). A non-finite row stores q = 0 everywhere.
 // Each step is the torch twin's (kernels/quant/w8a8.py quantize_rows), so the codes and scales are its bits.
 
 #pragma once
@@ -97,7 +98,7 @@ void quantize_row(const T* x, const float* inv_s, int64_t K, C* a, float* sx, fl
   int64_t k = 0;
 #if defined(__AVX2__) && !defined(__AVX512F__)
   // 8 codes a step: the same division, cvtps rounds half to even (the default rounding mode), and the packs
-  // cannot saturate (codes + OFF lie in 1..255 for C = uint8_t, -127..127 for int8_t)
+  // cannot saturate (q + OFF lies in 1..255 for OFF 128, unsigned pack; in -127..127 for OFF 0, signed pack)
   const __m256 vs = _mm256_set1_ps(s);
   const __m256i off = _mm256_set1_epi32(OFF);
   for (; k + 8 <= K; k += 8) {
