@@ -174,7 +174,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats per scenario (median shown)")
     ap.add_argument("--ops", type=int, default=0)
     ap.add_argument("--extra", nargs="*", default=[], help="more config as key=value (ints parsed)")
+    ap.add_argument("--isa", default="auto", help="the kernels/cpu variant every native op runs (avx512, avx2, "
+                    "portable); with ONEDNN_MAX_CPU_ISA=AVX2 and --extra dtype=float32, what an AVX2-only CPU runs")
     args = ap.parse_args()
+    from kernels.cpu import ops
+
+    variant = ops.cpu_isa(args.isa)  # before the model loads: the int8 linears pick their kernel by the variant
     extra = {k: (int(v) if v.lstrip("-").isdigit() else v) for k, v in (e.split("=", 1) for e in args.extra)}
     cfg = make_config(**{"dtype": "auto", "num_threads": 2, "quantization": args.quantization,
                          "compile_mode": args.compile_mode, "max_total_tokens": 65536, **extra})
@@ -182,7 +187,8 @@ def main() -> None:
     runner = create_model_runner(cfg, progress=False)
     if runner.compile is not None:
         runner.compile.wait() if hasattr(runner.compile, "wait") else None
-    print(f"# {describe()}; torch threads {torch.get_num_threads()}; quantization {args.quantization}, "
+    print(f"# {describe()}; torch threads {torch.get_num_threads()}; kernels/cpu variant {variant}; "
+          f"oneDNN {os.environ.get('ONEDNN_MAX_CPU_ISA', 'unrestricted')}; quantization {args.quantization}, "
           f"compile {args.compile_mode}, dtype {runner.dtype}, kv {runner.kv_dtype}; start-up {time.perf_counter() - t:.1f} s", flush=True)
     instrument(runner)
     sched = Scheduler(runner, runner.allocator, runner.req_to_token, cfg, runner.eos_token_ids)
