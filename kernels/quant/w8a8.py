@@ -49,6 +49,7 @@ import functools
 import torch
 from torch import nn
 
+from kernels import fallbacks
 from kernels.cpu import build as cpu_build
 from kernels.cpu import ops as cpu_ops
 from kernels.quant import rtn
@@ -173,6 +174,10 @@ class W8A8Weight(QuantWeight):
         codes, scale = int8_codes(w)
         self.kernel = "torch" if native_unavailable_reason() else "native"
         self.int_mm_exact = int_mm_exact()  # probed here, outside any compiled graph
+        if self.kernel == "torch":
+            fallbacks.record("int8_kernel", f"{native_unavailable_reason()}: W8A8 linears run torch ops around "
+                             + ("torch._int_mm" if self.int_mm_exact else "float32 products of the int8 codes "
+                                "(oneDNN's int8 GEMM saturates on this CPU)"))
         self.int_mm_rows = default_int_mm_rows()  # "native": w8a8_int_mm from this many rows (None: never)
         self.register_buffer("wt", codes.t().contiguous())  # [K, N]
         self.register_buffer("sw", scale)  # [N]

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from kernels import quant
+from kernels import fallbacks, quant
 from kernels.cpu import build as cpu_build
 from kernels.quant import w8a8
 from kernels.quant.w8a8 import W8A8Weight, describe_plan, int8_codes, quantize_rows, wrap_linears
@@ -295,3 +295,19 @@ def test_the_torch_twin_compiles_as_one_graph(exact: bool) -> None:
     torch._dynamo.reset()
     y = torch.compile(w, fullgraph=True, dynamic=True)(x)
     assert torch.allclose(y.double(), _reference(x, w), rtol=2e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_the_torch_path_is_a_recorded_fallback(exact: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where kernels/cpu cannot run the int8 tile, every W8A8Weight runs the torch ops, and that is said once
+    (log line and /get_server_info's fallbacks), naming which int8 product runs."""
+    monkeypatch.setattr(w8a8, "native_unavailable_reason", lambda: "kernels/cpu did not build: no compiler")
+    monkeypatch.setattr(w8a8, "int_mm_exact", lambda: exact)
+    monkeypatch.setattr(fallbacks, "_recorded", {})
+    x, wf = _operands(4, 16, 32, seed=1)
+    w = W8A8Weight(wf, None, 1)
+    assert w.kernel == "torch" and w.int_mm_exact is exact
+    said = fallbacks.recorded()["int8_kernel"]
+    assert said.startswith("kernels/cpu did not build: no compiler")
+    assert ("torch._int_mm" in said) is exact and ("saturates" in said) is not exact
+    assert torch.allclose(w(x).double(), _reference(x, w), rtol=2e-6, atol=1e-30)
