@@ -189,7 +189,8 @@ def main() -> None:
         runner.compile.wait() if hasattr(runner.compile, "wait") else None
     print(f"# {describe()}; torch threads {torch.get_num_threads()}; kernels/cpu variant {variant}; "
           f"oneDNN {os.environ.get('ONEDNN_MAX_CPU_ISA', 'unrestricted')}; quantization {args.quantization}, "
-          f"compile {args.compile_mode}, dtype {runner.dtype}, kv {runner.kv_dtype}; start-up {time.perf_counter() - t:.1f} s", flush=True)
+          f"compile {args.compile_mode}, dtype {runner.dtype}, kv {runner.kv_dtype}; "
+          f"start-up {time.perf_counter() - t:.1f} s", flush=True)
     instrument(runner)
     sched = Scheduler(runner, runner.allocator, runner.req_to_token, cfg, runner.eos_token_ids)
     for s in args.scenarios:

@@ -264,7 +264,7 @@ struct Rows {
           const __m256 pv = _mm256_set1_ps(sm[j]);
           const R* vj = vh0 + int64_t(slot[j]) * rs;
 #pragma GCC unroll 16
-          for (int c = 0; c < NV; ++c) acc[c] = _mm256_fmadd_ps(pv, load8(vj + 8 * c), acc[c]);
+          for (int c = 0; c < NV; ++c) acc[c] = _mm256_fmadd_ps(pv, load8_f32(vj + 8 * c), acc[c]);
         }
 #pragma GCC unroll 16
         for (int c = 0; c < NV; ++c) _mm256_storeu_ps(om + 8 * c, acc[c]);

@@ -54,12 +54,6 @@ inline size_t block_elems(int D) { return size_t(2) * D * NB; }
 // float: Bk [D, NB] = K^T; Bv [NB, D] = V rows.   Keys past nb are zero in both.
 // R is the pool's element type, T the packed one (bf16 pools pack to float32 where bf16 brgemm is unavailable).
 #if defined(__AVX512F__)
-// 16 consecutive pool elements (float32, bf16 bits or float16) as float32 lanes.
-inline __m512 load16_f32(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16_f32(const uint16_t* p) { return load16_bf16(p); }
-inline __m512 load16_f32(const at::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
 // 16 float32 lanes to 16 consecutive softmax weights (float32, or bf16 bits rounded to nearest even).
 inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 inline void store16(uint16_t* p, __m512 v) {  // rounded to nearest even, as f32_to_bf16

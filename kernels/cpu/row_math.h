@@ -15,12 +15,6 @@ constexpr int QB = 64;      // queries per extend item
 constexpr int SMALL_M = 8;  // up to this many query rows, scores are dot products; above, a transposed K block
 
 #if defined(__AVX2__) && defined(__FMA__)
-// 8 elements of a float32 or float16 pool row as float32 lanes.
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-#if defined(__F16C__)
-inline __m256 load8(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-#endif
-
 // Float32 scores of one query row against up to 8 keys read in place: out[j] = dot(q, krow[j]) for j < n,
 // d % 8 == 0 (q already scaled). The 8 accumulators stay in registers; one transposed reduction per 8 keys.
 template <typename KV>
@@ -34,7 +28,7 @@ inline void scores8(const float* q, const KV* const* krow, int n, int d, float* 
   for (int x = 0; x < d; x += 8) {
     const __m256 qv = _mm256_loadu_ps(q + x);
 #pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, load8(k[j] + x), acc[j]);
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, load8_f32(k[j] + x), acc[j]);
   }
   const __m256 r = reduce8(acc);
   if (n == 8) {

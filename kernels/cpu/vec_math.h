@@ -139,6 +139,15 @@ inline __m256 load8_bf16(const uint16_t* p) {  // 8 bf16 -> float32 (exact: the 
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+// 8 consecutive elements (float32, bf16 bits or float16) as float32 lanes.
+inline __m256 load8_f32(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8_f32(const uint16_t* p) { return load8_bf16(p); }
+#if defined(__F16C__)
+inline __m256 load8_f32(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#endif
+
 inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -195,6 +204,13 @@ inline __m512 load16_bf16(const uint16_t* p) {
 #if defined(__AVX512BW__)
 inline __m512 load16_bf16(const uint16_t* p, __mmask16 k) { return bf16x16_to_f32(_mm256_maskz_loadu_epi16(k, p)); }
 #endif
+
+// 16 consecutive elements (float32, bf16 bits or float16) as float32 lanes.
+inline __m512 load16_f32(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16_f32(const uint16_t* p) { return load16_bf16(p); }
+inline __m512 load16_f32(const at::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
 
 // 2^t on 16 lanes for softmax weights that are rounded to bf16 next (8 significant bits): t = n + f, n the
 // nearest integer, 2^f on |f| <= 1/2 by a degree-4 polynomial fitted for relative error (<= 3e-6 in float32),

@@ -34,15 +34,6 @@ inline float round_even(float v) {
   return v >= 0.0f ? (v + MAGIC) - MAGIC : (v - MAGIC) + MAGIC;
 }
 
-// 16 (AVX-512) or 8 (AVX2) activations as float32 (x float32 or bf16 bits), for the vector passes below.
-#if defined(__AVX512F__)
-inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
-inline __m512 load16(const uint16_t* x) { return load16_bf16(x); }
-#elif defined(__AVX2__)
-inline __m256 load8(const float* x) { return _mm256_loadu_ps(x); }
-inline __m256 load8(const uint16_t* x) { return load8_bf16(x); }
-#endif
-
 // buf[k] = x[k] * inv_s[k] (or x[k]); *amax = max_k |buf[k]|; *probe = sum_k buf[k] * 0 (NaN iff some buf[k] is NaN
 // or infinite). A max is exact in any order, so the lanes give the scalar loop's amax whenever probe is 0.
 template <typename T>
@@ -53,7 +44,7 @@ void row_stats(const T* x, const float* inv_s, int64_t K, float* buf, float* ama
   __m512 vmx = _mm512_setzero_ps(), vpr = _mm512_setzero_ps();
   const __m512 zero = _mm512_setzero_ps();
   for (; k + 16 <= K; k += 16) {
-    __m512 v = load16(x + k);
+    __m512 v = load16_f32(x + k);
     if (inv_s) v = _mm512_mul_ps(v, _mm512_loadu_ps(inv_s + k));
     _mm512_storeu_ps(buf + k, v);
     vmx = _mm512_max_ps(vmx, _mm512_abs_ps(v));
@@ -65,7 +56,7 @@ void row_stats(const T* x, const float* inv_s, int64_t K, float* buf, float* ama
   __m256 vmx = _mm256_setzero_ps(), vpr = _mm256_setzero_ps();
   const __m256 zero = _mm256_setzero_ps(), abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (; k + 8 <= K; k += 8) {
-    __m256 v = load8(x + k);
+    __m256 v = load8_f32(x + k);
     if (inv_s) v = _mm256_mul_ps(v, _mm256_loadu_ps(inv_s + k));
     _mm256_storeu_ps(buf + k, v);
     vmx = _mm256_max_ps(vmx, _mm256_and_ps(v, abs_mask));

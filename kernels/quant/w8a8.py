@@ -7,10 +7,10 @@
 A call of M >= min_rows rows: x [M, K] (float32 or bfloat16) is quantized per token, symmetric, dynamically:
 sx[m] = max_k |x[m, k]| / 127, q = round(x / sx) in -127..127; acc = q @ wt exact in int32 (`int8_mm`: oneDNN's
 int8 GEMM through torch._int_mm where the CPU has VNNI or AMX-INT8, float32 products of the codes in exact chunks
-elsewhere); y = acc * sx[:, None] * sw[None, :] in float32, cast to x's dtype. Every row's arithmetic depends on that row
-only (per-token scales, exact int32 sums), so a row's output is the same whatever else is in the batch as long as
-oneDNN's kernel choice for the call does not change its float rounding of the dequantization, which is one product
-per element: rows are batch-invariant bit for bit (tests/kernels/test_w8a8.py checks it).
+elsewhere); y = acc * sx[:, None] * sw[None, :] in float32, cast to x's dtype. Every row's arithmetic depends on
+that row only (per-token scales, exact int32 sums), so a row's output is the same whatever else is in the batch as
+long as oneDNN's kernel choice for the call does not change its float rounding of the dequantization, which is one
+product per element: rows are batch-invariant bit for bit (tests/kernels/test_w8a8.py checks it).
 
 Smoothing (SmoothQuant's migration, optional per weight): activations of some input channels run far larger than
 the rest, so one scale per token leaves the others few levels. With per-channel factors s [K] the product is
